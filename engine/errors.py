@@ -1,0 +1,2 @@
+class GDecodeError(Exception):
+    """A user-facing error: the CLI prints its message on one line and exits non-zero."""
