@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import sys
 
+import click
 import typer
 
 from engine.errors import GDecodeError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Batch-1 LLM decode, one CUDA graph replay per token.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Batch-1 LLM decode, one CUDA graph replay per token.")
 
 
-def _register():
-    from cli import commands  # noqa: F401  (imports every command module)
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: user errors become one `error:` line on stderr and a non-zero exit."""
+    from cli import commands  # noqa: F401  (registers every command)
 
-
-def main():
-    _register()
     try:
-        app(standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except GDecodeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except click.exceptions.UsageError as e:
+        print(f"error: {e.format_message()} (see --help)", file=sys.stderr)
+        sys.exit(2)
+    except click.exceptions.ClickException as e:
+        print(f"error: {e.format_message()}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except (KeyboardInterrupt, click.exceptions.Abort):
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

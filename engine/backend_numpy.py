@@ -1,0 +1,32 @@
+"""CPU backend: the numpy reference model behind the common generate() interface."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from engine.config import ModelConfig
+from engine.reference import ReferenceModel
+from engine.sampling import SamplingParams, sample
+from engine.weights import ModelWeights
+
+# the float32 KV cache of a long context costs a lot of host memory; cap it unless asked
+DEFAULT_MAX_CONTEXT = 8192
+
+
+class NumpyBackend:
+    name = "numpy"
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, max_context: int | None = None):
+        self.cfg = cfg
+        self.max_context = max_context or min(cfg.max_position_embeddings, DEFAULT_MAX_CONTEXT)
+        self.model = ReferenceModel(cfg, weights, self.max_context)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int) -> Iterator[int]:
+        seed = params.seed or 0
+        self.model.reset()
+        logits = self.model.prefill(prompt_ids)
+        for step in range(max_new_tokens):
+            token = sample(logits, params, step, seed)
+            yield token
+            if step + 1 < max_new_tokens:
+                logits = self.model.decode(token)

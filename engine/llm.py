@@ -1,0 +1,157 @@
+"""The generation API: LLM(model_dir).generate(prompt) yields text pieces as they decode."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from engine.config import ModelConfig
+from engine.errors import GDecodeError
+from engine.sampling import SamplingParams
+from engine.tokenizer import StreamDecoder, Tokenizer
+from engine.weights import load_weights
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
+BACKENDS = ("auto", "cuda", "numpy")
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0  # first token to last
+    ttft: float = 0.0  # request start to first token
+    stop_reason: str = ""  # eos | stop | length | context
+
+    @property
+    def tok_per_s(self) -> float:
+        return (self.new_tokens - 1) / self.seconds if self.new_tokens > 1 and self.seconds > 0 else 0.0
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+class LLM:
+    """A loaded model on one backend ("auto" picks CUDA when a GPU is present, else numpy)."""
+
+    def __init__(self, model_dir: str | Path = DEFAULT_MODEL, backend: str = "auto",
+                 max_context: int | None = None, use_graph: bool = True,
+                 notice: Callable[[str], None] = _stderr):
+        if backend not in BACKENDS:
+            raise GDecodeError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+        model_dir = Path(model_dir)
+        if not model_dir.exists() and model_dir == DEFAULT_MODEL:
+            raise GDecodeError(f"default model not found at {model_dir}: run `make model` or pass --model DIR")
+        if max_context is not None and max_context < 2:
+            raise GDecodeError(f"--max-context must be at least 2, got {max_context}")
+        self.cfg = ModelConfig.from_dir(model_dir)
+        self.tokenizer = Tokenizer.from_dir(model_dir, self.cfg)
+        weights = load_weights(model_dir, self.cfg)
+        self.backend = self._make_backend(backend, weights, max_context, use_graph, notice)
+        self.stats = GenerationStats()
+
+    def _make_backend(self, backend, weights, max_context, use_graph, notice):
+        if backend in ("auto", "cuda"):
+            from kernels.cuda import gpu_available
+
+            if gpu_available():
+                from engine.backend_cuda import CudaBackend
+
+                return CudaBackend(self.cfg, weights, max_context=max_context, use_graph=use_graph)
+            if backend == "cuda":
+                raise GDecodeError("--backend cuda: no CUDA GPU found")
+            notice("no CUDA GPU found: using the numpy backend")
+        from engine.backend_numpy import NumpyBackend
+
+        return NumpyBackend(self.cfg, weights, max_context=max_context)
+
+    @property
+    def max_context(self) -> int:
+        return self.backend.max_context
+
+    def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
+        if chat:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(prompt)
+
+    def generate(self, prompt: str, params: SamplingParams = SamplingParams(), chat: bool = False
+                 ) -> Iterator[str]:
+        """Yield the generated text (not the prompt) piece by piece; self.stats is filled as it goes."""
+        t0 = time.perf_counter()
+        ids = self.encode_prompt(prompt, chat)
+        if not ids:
+            raise GDecodeError("the prompt is empty")
+        if len(ids) >= self.max_context:
+            raise GDecodeError(
+                f"the prompt is {len(ids)} tokens but the context holds {self.max_context} "
+                "(raise --max-context or shorten the prompt)")
+        budget = min(params.max_new_tokens, self.max_context - len(ids))
+        if params.seed is None:
+            params = replace(params, seed=secrets.randbits(63))
+        self.stats = stats = GenerationStats(prompt_tokens=len(ids), stop_reason="length")
+        decoder = StreamDecoder(self.tokenizer)
+        stops = StopMatcher(params.stop)
+        eos = self.tokenizer.eos_ids
+        tokens = self.backend.generate(ids, params, budget)
+        t_first = None
+        try:
+            for token in tokens:
+                now = time.perf_counter()
+                if t_first is None:
+                    t_first = now
+                    stats.ttft = now - t0
+                stats.new_tokens += 1
+                stats.seconds = now - t_first
+                if token in eos:
+                    stats.stop_reason = "eos"
+                    break
+                text, hit = stops.push(decoder.push(token))
+                if text:
+                    yield text
+                if hit:
+                    stats.stop_reason = "stop"
+                    break
+            else:
+                if budget < params.max_new_tokens:
+                    stats.stop_reason = "context"
+            if stats.stop_reason != "stop":
+                text, _ = stops.push(decoder.flush(), final=True)
+                if text:
+                    yield text
+        finally:
+            tokens.close()
+
+
+class StopMatcher:
+    """Holds back text that could be the start of a stop string; reports when one appears."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = tuple(s for s in stops if s)
+        self.pending = ""
+
+    def push(self, text: str, final: bool = False) -> tuple[str, bool]:
+        if not self.stops:
+            return text, False
+        self.pending += text
+        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            out, self.pending = self.pending[:cut], ""
+            return out, True
+        if final:
+            out, self.pending = self.pending, ""
+            return out, False
+        keep = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.pending)), 0, -1):
+                if self.pending.endswith(s[:n]):
+                    keep = max(keep, n)
+                    break
+        out = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(out):]
+        return out, False
