@@ -1,0 +1,157 @@
+"""Unit checks of the reference model's pieces: split-KV attention, RoPE, RMSNorm."""
+
+import math
+
+import numpy as np
+import pytest
+
+from engine.config import ModelConfig, RopeScaling
+from engine.reference import (
+    apply_rope,
+    causal_attention,
+    combine_splits,
+    rms_norm,
+    rope_tables,
+    split_kv_attention,
+    split_kv_partials,
+)
+
+
+def plain_attention(q, k, v, nkv):
+    """float64 softmax attention of q [nh, hd] over the first nkv rows of k, v [n_kv, S, hd]."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    g = q.shape[0] // k.shape[0]
+    kk, vv = np.repeat(k[:, :nkv], g, axis=0), np.repeat(v[:, :nkv], g, axis=0)
+    sc = np.einsum("hd,hnd->hn", q, kk) / math.sqrt(q.shape[1])
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    return np.einsum("hn,hnd->hd", p / p.sum(-1, keepdims=True), vv)
+
+
+def boundary_nkvs(splits, top=200):
+    """nkv at every chunk boundary +-1: the values where ceil(nkv/splits) changes."""
+    out = set(range(1, splits + 2))
+    for chunk in range(1, top // splits + 2):
+        for n in (chunk * splits - 1, chunk * splits, chunk * splits + 1):
+            if 1 <= n <= top:
+                out.add(n)
+    return sorted(out)
+
+
+def qkv(rng, nh=8, n_kv=2, hd=16, s=200):
+    q = rng.standard_normal((nh, hd)).astype(np.float32) * 2
+    k = rng.standard_normal((n_kv, s, hd)).astype(np.float32) * 2
+    v = rng.standard_normal((n_kv, s, hd)).astype(np.float32)
+    return q, k, v
+
+
+@pytest.mark.parametrize("splits", [1, 8, 32])
+def test_split_kv_matches_softmax_at_chunk_boundaries(splits):
+    rng = np.random.default_rng(splits)
+    q, k, v = qkv(rng)
+    for nkv in boundary_nkvs(splits):
+        out = split_kv_attention(q, k, v, nkv, splits)
+        ref = plain_attention(q, k, v, nkv)
+        assert out.dtype == np.float32
+        np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5, err_msg=f"nkv={nkv}")
+
+
+@pytest.mark.parametrize("splits,nkv", [(8, 3), (32, 1), (32, 5), (32, 31), (32, 33), (32, 65)])
+def test_idle_splits_are_neutral(splits, nkv):
+    rng = np.random.default_rng(nkv)
+    q, k, v = qkv(rng, nh=7, n_kv=1)
+    m, l, acc = split_kv_partials(q, k, v, nkv, splits)
+    chunk = -(-nkv // splits)
+    busy = -(-nkv // chunk)
+    assert np.isfinite(m[:busy]).all() and (l[:busy] >= 1).all()
+    assert np.isneginf(m[busy:]).all()
+    assert (l[busy:] == 0).all() and (acc[busy:] == 0).all()
+    # the partials of the busy splits alone give the same answer
+    np.testing.assert_array_equal(combine_splits(m, l, acc), combine_splits(m[:busy], l[:busy], acc[:busy]))
+    np.testing.assert_allclose(combine_splits(m, l, acc), plain_attention(q, k, v, nkv), atol=2e-5)
+
+
+def test_partials_are_base2():
+    rng = np.random.default_rng(0)
+    q, k, v = qkv(rng, nh=2, n_kv=2, s=10)
+    m, l, acc = split_kv_partials(q, k, v, 10, 2)
+    sc = np.einsum("hd,hnd->hn", q.astype(np.float64), k[:, :5].astype(np.float64)) / 4 * math.log2(math.e)
+    np.testing.assert_allclose(m[0], sc.max(-1), rtol=1e-5)
+    np.testing.assert_allclose(l[0], np.exp2(sc - sc.max(-1, keepdims=True)).sum(-1), rtol=1e-5)
+
+
+def test_split_kv_ignores_rows_past_nkv():
+    rng = np.random.default_rng(1)
+    q, k, v = qkv(rng)
+    a = split_kv_attention(q, k, v, 50, 32)
+    k[:, 50:], v[:, 50:] = 1e30, np.nan
+    np.testing.assert_array_equal(a, split_kv_attention(q, k, v, 50, 32))
+
+
+def test_causal_attention_last_row_matches_decode():
+    rng = np.random.default_rng(2)
+    q_all = rng.standard_normal((9, 8, 16)).astype(np.float32)
+    _, k, v = qkv(rng, s=9)
+    out = causal_attention(q_all, k, v, 0)
+    for t in (0, 4, 8):
+        np.testing.assert_allclose(out[t], plain_attention(q_all[t], k, v, t + 1), atol=2e-5)
+
+
+def cfg(head_dim=16, theta=10000.0, scaling=None):
+    return ModelConfig(
+        arch="llama", vocab_size=32, hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4,
+        num_kv_heads=2, head_dim=head_dim, rms_norm_eps=1e-5, rope_theta=theta,
+        max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False, qk_norm=False,
+        rope_scaling=scaling,
+    )
+
+
+def test_rope_rotate_half_layout():
+    c = cfg()
+    cos, sin = rope_tables(c, 40)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, 3, 16)).astype(np.float32)
+    y = apply_rope(x, cos, sin)
+    # pair (i, i + hd/2) rotates by angle pos * inv_freq[i]
+    ang = np.arange(40)[:, None] * c.inv_freq()[None, :]
+    z = (x[..., :8] + 1j * x[..., 8:]) * np.exp(1j * ang)[:, None, :]
+    np.testing.assert_allclose(y[..., :8], z.real, atol=1e-5)
+    np.testing.assert_allclose(y[..., 8:], z.imag, atol=1e-5)
+    np.testing.assert_array_equal(y[0], x[0])
+    np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+
+
+def test_rope_relative_position():
+    cos, sin = rope_tables(cfg(), 64)
+    rng = np.random.default_rng(4)
+    q, k = rng.standard_normal((2, 1, 1, 16)).astype(np.float32)
+
+    def dot(pq, pk):
+        rq = apply_rope(q, cos[pq : pq + 1], sin[pq : pq + 1])
+        rk = apply_rope(k, cos[pk : pk + 1], sin[pk : pk + 1])
+        return float((rq * rk).sum())
+
+    assert dot(10, 3) == pytest.approx(dot(47, 40), rel=1e-4)
+
+
+def test_rope_llama3_scaling_changes_low_frequencies_only():
+    s = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
+    plain, scaled = cfg().inv_freq(), cfg(scaling=s).inv_freq()
+    wl = 2 * np.pi / plain
+    np.testing.assert_array_equal(scaled[wl < 16], plain[wl < 16])
+    np.testing.assert_allclose(scaled[wl > 64], plain[wl > 64] / 8)
+    mid = (wl >= 16) & (wl <= 64)
+    assert mid.any() and ((scaled[mid] < plain[mid]) & (scaled[mid] > plain[mid] / 8)).all()
+    cos, _ = rope_tables(cfg(scaling=s), 5)
+    np.testing.assert_allclose(cos[3], np.cos(3 * scaled), atol=1e-6)
+
+
+def test_rms_norm():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 5, 64)).astype(np.float32) * 7
+    w = rng.uniform(0.5, 1.5, 64).astype(np.float32)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5) * w
+    y = rms_norm(x, w, 1e-5)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rms_norm(np.zeros((2, 64), np.float32), w, 1e-5), 0)
