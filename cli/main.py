@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
+
+try:  # typer >= 0.22 carries its own copy of click
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exc
 
 from engine.errors import GDecodeError
 
@@ -22,13 +26,13 @@ def main(argv: list[str] | None = None) -> None:
     except GDecodeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except click.exceptions.UsageError as e:
+    except click_exc.UsageError as e:
         print(f"error: {e.format_message()} (see --help)", file=sys.stderr)
         sys.exit(2)
-    except click.exceptions.ClickException as e:
+    except click_exc.ClickException as e:
         print(f"error: {e.format_message()}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, click_exc.Abort):
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except BrokenPipeError:
