@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import math
+import mmap
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
+import ml_dtypes
 import numpy as np
+
+from engine.config import ModelConfig
+from engine.errors import GDecodeError
 
 
 @dataclass
@@ -28,3 +39,189 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: np.ndarray  # [H]
     lm_head: np.ndarray  # [V, H]; the same array as embed when tied
+
+
+DTYPES = {"BF16": np.dtype(ml_dtypes.bfloat16), "F16": np.dtype(np.float16), "F32": np.dtype(np.float32)}
+_MAX_HEADER = 100 << 20
+
+
+class _SafetensorsFile:
+    """One memory-mapped .safetensors file; tensors are read-only views into the map."""
+
+    def __init__(self, path: Path, wanted: str):
+        self.path = path
+        bad = f"{path}: not a safetensors file (while looking for tensor {wanted}):"
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                head = f.read(8)
+                n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+                if not 0 < n <= min(size - 8, _MAX_HEADER):
+                    raise GDecodeError(f"{bad} bad header length")
+                header = json.loads(f.read(n))
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + n else b""
+            if hasattr(self._map, "madvise"):
+                # start readahead: every byte is read soon (fused now, uploaded next)
+                self._map.madvise(mmap.MADV_WILLNEED)
+        except OSError as e:
+            raise GDecodeError(f"{path}: cannot read ({e.strerror}) while looking for tensor {wanted}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise GDecodeError(f"{bad} header is not JSON") from None
+        if not isinstance(header, dict):
+            raise GDecodeError(f"{bad} header is not a JSON object")
+        header.pop("__metadata__", None)
+        self.header = header
+        self._base = 8 + n
+        self._size = size
+
+    def tensor(self, name: str) -> np.ndarray:
+        info = self.header.get(name)
+        try:
+            shape = tuple(int(s) for s in info["shape"])
+            begin, end = (int(o) for o in info["data_offsets"])
+            kind = str(info["dtype"])
+        except (TypeError, KeyError, ValueError):
+            raise GDecodeError(f"{self.path}: tensor {name} has a malformed header entry") from None
+        dtype = DTYPES.get(kind)
+        if dtype is None:
+            supported = ", ".join(DTYPES)
+            raise GDecodeError(f"{self.path}: tensor {name} has unsupported dtype {kind} (supported: {supported})")
+        count = math.prod(shape)
+        if self._base + end > self._size:
+            raise GDecodeError(
+                f"{self.path}: tensor {name} data ends at byte {self._base + end}, past the end of the "
+                f"file ({self._size} bytes); the file is truncated"
+            )
+        if begin < 0 or end - begin != count * dtype.itemsize:
+            raise GDecodeError(f"{self.path}: tensor {name} data_offsets do not match its shape and dtype")
+        return np.frombuffer(self._map, dtype, count, self._base + begin).reshape(shape)
+
+
+class _Checkpoint:
+    """Tensor name -> file, for a single-file or sharded checkpoint; files are opened on first use."""
+
+    def __init__(self, model_dir: Path):
+        self.files: dict[Path, _SafetensorsFile] = {}
+        self.where: dict[str, Path] | None = None  # None: everything is in self.source
+        index = model_dir / "model.safetensors.index.json"
+        self.source = model_dir / "model.safetensors"
+        if index.is_file():
+            self.source = index
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+                self.where = {str(k): model_dir / str(v) for k, v in weight_map.items()}
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+                raise GDecodeError(f"{index}: not a valid safetensors index (no weight_map)") from None
+        elif not self.source.is_file():
+            raise GDecodeError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
+
+    def path(self, name: str) -> Path | None:
+        return self.source if self.where is None else self.where.get(name)
+
+    def _file(self, name: str) -> _SafetensorsFile | None:
+        path = self.path(name)
+        if path is None:
+            return None
+        f = self.files.get(path)
+        if f is None:
+            if not path.is_file():
+                raise GDecodeError(f"{path}: shard file is missing (it should hold tensor {name})")
+            self.files[path] = f = _SafetensorsFile(path, name)
+        return f if name in f.header else None
+
+    def has(self, name: str) -> bool:
+        return self._file(name) is not None
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        f = self._file(name)
+        if f is None:
+            raise GDecodeError(f"{self.path(name) or self.source}: tensor {name} is missing")
+        t = f.tensor(name)
+        if t.shape != shape:
+            raise GDecodeError(f"{f.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
+        return t
+
+
+def _fuse(ck: _Checkpoint, names: list[str], parts: list[np.ndarray]) -> np.ndarray:
+    dtype = parts[0].dtype
+    for name, p in zip(names, parts, strict=True):
+        if p.dtype != dtype:
+            raise GDecodeError(f"{ck.path(name)}: tensor {name} is {p.dtype}, but {names[0]} is {dtype}")
+    out = np.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), dtype)
+    # copy raw bits: a same-size unsigned view keeps the copy a plain memcpy that releases the GIL
+    raw = np.dtype(f"u{dtype.itemsize}")
+    np.concatenate([p.view(raw) for p in parts], out=out.view(raw))
+    return out
+
+
+def _layer(ck: _Checkpoint, cfg: ModelConfig, i: int) -> dict:
+    p = f"model.layers.{i}."
+    h, q, kv, d, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.head_dim, cfg.intermediate_size
+    shapes = {
+        "input_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (q, h),
+        "self_attn.k_proj.weight": (kv, h),
+        "self_attn.v_proj.weight": (kv, h),
+        "self_attn.o_proj.weight": (h, q),
+        "post_attention_layernorm.weight": (h,),
+        "mlp.gate_proj.weight": (inter, h),
+        "mlp.up_proj.weight": (inter, h),
+        "mlp.down_proj.weight": (h, inter),
+    }
+    if cfg.attention_bias:
+        shapes.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
+    if cfg.qk_norm:
+        shapes.update({"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)})
+    return {k: ck.get(p + k, s) for k, s in shapes.items()}
+
+
+def _build_layer(ck: _Checkpoint, i: int, t: dict) -> LayerWeights:
+    def fuse(*keys):
+        return _fuse(ck, [f"model.layers.{i}.{k}" for k in keys], [t[k] for k in keys])
+
+    a = "self_attn."
+    has_bias = a + "q_proj.bias" in t
+    return LayerWeights(
+        attn_norm=t["input_layernorm.weight"],
+        wqkv=fuse(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
+        bqkv=fuse(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias") if has_bias else None,
+        wo=t[a + "o_proj.weight"],
+        q_norm=t.get(a + "q_norm.weight"),
+        k_norm=t.get(a + "k_norm.weight"),
+        mlp_norm=t["post_attention_layernorm.weight"],
+        w_gate_up=fuse("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+        w_down=t["mlp.down_proj.weight"],
+    )
+
+
+def load_weights(model_dir: str | Path, cfg: ModelConfig) -> ModelWeights:
+    """Map a Hugging Face safetensors checkpoint (single file or sharded) and validate it against cfg.
+
+    Unfused tensors are read-only views of the memory-mapped files; the fused QKV and
+    gate/up arrays are copied once. Every problem raises GDecodeError naming file and tensor.
+    """
+    ck = _Checkpoint(Path(model_dir))
+    v, h = cfg.vocab_size, cfg.hidden_size
+    embed = ck.get("model.embed_tokens.weight", (v, h))
+    final_norm = ck.get("model.norm.weight", (h,))
+    if cfg.tie_word_embeddings:
+        lm_head = embed
+    elif ck.has("lm_head.weight"):
+        lm_head = ck.get("lm_head.weight", (v, h))
+    else:
+        raise GDecodeError(f"{ck.source}: tensor lm_head.weight is missing (config says tie_word_embeddings=false)")
+    # validate every tensor before copying any
+    tensors = [_layer(ck, cfg, i) for i in range(cfg.num_layers)]
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        layers = list(pool.map(lambda i: _build_layer(ck, i, tensors[i]), range(cfg.num_layers)))
+    return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+
+
+def checkpoint_bytes(weights: ModelWeights) -> int:
+    """Bytes of all weight arrays, counting a tied lm_head once."""
+    arrays = [weights.embed, weights.final_norm]
+    if weights.lm_head is not weights.embed:
+        arrays.append(weights.lm_head)
+    for layer in weights.layers:
+        arrays += [a for a in vars(layer).values() if a is not None]
+    return sum(a.nbytes for a in arrays)
