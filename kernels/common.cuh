@@ -1,0 +1,72 @@
+#pragma once
+// Shared device helpers: bf16 unpacking, streaming loads, warp/block reductions, decode state.
+
+typedef unsigned short bf16;
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// per-step state the graph reads and advances; the host writes it only between requests
+struct DecodeState {
+    int token;         // token processed by this step
+    int pos;           // its position; the sampler advances it
+    int prompt_len;    // while pos + 1 < prompt_len the next token comes from the prompt
+    int ring_mask;     // host ring of sampled tokens has ring_mask + 1 slots
+    unsigned long long step;  // sampling counter: tokens sampled so far
+    unsigned long long seed;
+    float temperature;  // 0 = greedy
+    int top_k;          // 0 = off
+    float top_p;        // 1 = off
+    int pad;
+};
+
+__device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf2f(bf16 b) { return __uint_as_float(((unsigned)b) << 16); }
+
+// round to nearest even, NaN stays NaN
+__device__ __forceinline__ bf16 f2bf(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+__device__ __forceinline__ unsigned pack_bf2(float lo, float hi) {
+    return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+}
+
+// 8 bf16 -> 8 floats
+__device__ __forceinline__ void unpack8(const uint4 w, float (&f)[8]) {
+    f[0] = bf_lo(w.x); f[1] = bf_hi(w.x);
+    f[2] = bf_lo(w.y); f[3] = bf_hi(w.y);
+    f[4] = bf_lo(w.z); f[5] = bf_hi(w.z);
+    f[6] = bf_lo(w.w); f[7] = bf_hi(w.w);
+}
+
+// weights are read once per step: keep them out of L1
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// sum over the `width` lanes of an aligned lane group (width a power of two)
+template <int WIDTH>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+    for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}

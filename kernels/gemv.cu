@@ -1,0 +1,117 @@
+// y = W x for one token: one warp per output row, 16-byte weight loads, fp32 accumulation.
+// NORM fuses the preceding RMSNorm: each warp reads all of x anyway, so it sums x^2 on the way
+// and scales its dot product by 1/rms at the end. EPI: 0 store (+ bias), 1 y += Wx (residual),
+// 2 y = silu(gate) * up with gate rows [0, n_out) and up rows [n_out, 2 n_out).
+// budget: gemv=96
+// defines: K=4096 EPI=0 NORM=1 BIAS=1
+// defines: K=14336 EPI=1 NORM=0 BIAS=0 SPLITK=4
+// defines: K=4096 EPI=2 NORM=1 BIAS=0
+// defines: K=576 EPI=0 NORM=1 BIAS=0
+// defines: K=64 EPI=2 NORM=1 BIAS=0
+#include "common.cuh"
+
+#ifndef WARPS
+#define WARPS 8
+#endif
+#ifndef SPLITK
+#define SPLITK 1
+#endif
+#define ROWS (EPI == 2 ? 2 : 1)
+#define RPB (WARPS / SPLITK)
+#define CHUNKS (K / 8)
+#define ITERS ((CHUNKS + 32 * SPLITK - 1) / (32 * SPLITK))
+#ifndef UNROLL
+#define UNROLL (ROWS == 2 ? 4 : 8)
+#endif
+#define U (ITERS < UNROLL ? ITERS : UNROLL)
+#define BATCHES ((ITERS + U - 1) / U)
+#define RAGGED (CHUNKS % (32 * SPLITK) != 0 || ITERS % U != 0)
+
+static_assert(K % 8 == 0, "K must be a multiple of 8");
+static_assert(WARPS % SPLITK == 0, "SPLITK warps share a row");
+
+__device__ __forceinline__ float dot8(const uint4 w, const float4 a, const float4 b, float acc) {
+    acc = fmaf(bf_lo(w.x), a.x, acc);
+    acc = fmaf(bf_hi(w.x), a.y, acc);
+    acc = fmaf(bf_lo(w.y), a.z, acc);
+    acc = fmaf(bf_hi(w.y), a.w, acc);
+    acc = fmaf(bf_lo(w.z), b.x, acc);
+    acc = fmaf(bf_hi(w.z), b.y, acc);
+    acc = fmaf(bf_lo(w.w), b.z, acc);
+    acc = fmaf(bf_hi(w.w), b.w, acc);
+    return acc;
+}
+
+__device__ __forceinline__ float4 mul4(float4 a, float4 b) {
+    return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
+}
+
+// w: [ROWS * n_out, K] bf16; x: [K]; gamma: [K] (NORM); bias: [n_out] (BIAS); y: [n_out].
+// SPLITK warps share a row, each taking every SPLITK-th 512-byte segment of it.
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
+     const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * RPB + warp / SPLITK, part = warp % SPLITK;
+    const bool live = row < n_out;
+    if (SPLITK == 1 && !live) return;
+    const uint4* w0 = reinterpret_cast<const uint4*>(w) + (size_t)(live ? row : 0) * CHUNKS;
+    const uint4* w1 = w0 + (size_t)n_out * CHUNKS;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const float4* g4 = reinterpret_cast<const float4*>(gamma);
+    float acc0 = 0.f, acc1 = 0.f, ss = 0.f;
+#pragma unroll 1
+    for (int b = 0; b < BATCHES && live; ++b) {
+        uint4 a[U], c[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = ((b * U + u) * SPLITK + part) * 32 + lane;
+            const bool ok = !RAGGED || k < CHUNKS;
+            a[u] = ok ? ld_stream(w0 + k) : make_uint4(0, 0, 0, 0);
+            if (ROWS == 2) c[u] = ok ? ld_stream(w1 + k) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = ((b * U + u) * SPLITK + part) * 32 + lane;
+            if (RAGGED && k >= CHUNKS) continue;
+            float4 xa = __ldg(x4 + 2 * k), xb = __ldg(x4 + 2 * k + 1);
+            if (NORM) {
+                ss = fmaf(xa.x, xa.x, fmaf(xa.y, xa.y, fmaf(xa.z, xa.z, fmaf(xa.w, xa.w, ss))));
+                ss = fmaf(xb.x, xb.x, fmaf(xb.y, xb.y, fmaf(xb.z, xb.z, fmaf(xb.w, xb.w, ss))));
+                xa = mul4(xa, __ldg(g4 + 2 * k));
+                xb = mul4(xb, __ldg(g4 + 2 * k + 1));
+            }
+            acc0 = dot8(a[u], xa, xb, acc0);
+            if (ROWS == 2) acc1 = dot8(c[u], xa, xb, acc1);
+        }
+    }
+    acc0 = warp_sum(acc0);
+    if (ROWS == 2) acc1 = warp_sum(acc1);
+    if (NORM) ss = warp_sum(ss);
+    if (SPLITK > 1) {
+        __shared__ float red[WARPS][3];
+        if (lane == 0) {
+            red[warp][0] = acc0;
+            red[warp][1] = acc1;
+            red[warp][2] = ss;
+        }
+        __syncthreads();
+        if (part != 0 || !live) return;
+#pragma unroll
+        for (int p = 1; p < SPLITK; ++p) {
+            acc0 += red[warp + p][0];
+            acc1 += red[warp + p][1];
+            ss += red[warp + p][2];
+        }
+    }
+    if (NORM) {
+        const float r = 1.0f / sqrtf(ss / (float)K + eps);
+        acc0 *= r;
+        acc1 *= r;
+    }
+    if (lane != 0) return;
+    if (EPI == 0) y[row] = BIAS ? acc0 + bias[row] : acc0;
+    if (EPI == 1) y[row] += acc0;
+    if (EPI == 2) y[row] = acc0 / (1.0f + expf(-acc0)) * acc1;
+}

@@ -1,0 +1,73 @@
+// Per-head q/k RMSNorm (Qwen3), rotate-half RoPE at the state's position, and the K/V append.
+// One warp per head: warps [0, nh) take the q heads (rotated in place), warps [nh, nh + nkv)
+// a k head and its v head, written as bf16 into the cache row min(pos, max_ctx - 1).
+// budget: rope_append=64
+// defines: HD=128 QK_NORM=0
+// defines: HD=64 QK_NORM=1
+// defines: HD=16 QK_NORM=1
+#include "common.cuh"
+
+#ifndef WARPS
+#define WARPS 4
+#endif
+#define HALF (HD / 2)
+#define PER ((HALF + 31) / 32)
+
+static_assert(HD % 8 == 0 && HD <= 256, "head_dim must be a multiple of 8, at most 256");
+
+// qkv: [nh*HD | nkv*HD | nkv*HD] f32; q_norm, k_norm: [HD] (QK_NORM); cos, sin: [max_ctx, HD/2];
+// k_cache, v_cache: this layer's [nkv, max_ctx, HD] bf16
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+rope_append(float* __restrict__ qkv, const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+            const float* __restrict__ cos_t, const float* __restrict__ sin_t, const DecodeState* __restrict__ st,
+            bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int nh, int nkv, int max_ctx, float eps)
+{
+    const int lane = threadIdx.x & 31;
+    const int head = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (head >= nh + nkv) return;
+    const bool is_k = head >= nh;
+    const int pos = min(max(st->pos, 0), max_ctx - 1);
+    float* src = qkv + (size_t)head * HD;
+    float a[PER], b[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = lane + 32 * j;
+        a[j] = i < HALF ? src[i] : 0.f;
+        b[j] = i < HALF ? src[i + HALF] : 0.f;
+    }
+    if (QK_NORM) {
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) ss = fmaf(a[j], a[j], fmaf(b[j], b[j], ss));
+        const float r = 1.0f / sqrtf(warp_sum(ss) / (float)HD + eps);
+        const float* g = is_k ? k_norm : q_norm;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int i = lane + 32 * j;
+            if (i < HALF) {
+                a[j] = a[j] * r * g[i];
+                b[j] = b[j] * r * g[i + HALF];
+            }
+        }
+    }
+    bf16* kdst = k_cache + ((size_t)(head - nh) * max_ctx + pos) * HD;
+    bf16* vdst = v_cache + ((size_t)(head - nh) * max_ctx + pos) * HD;
+    const float* vsrc = qkv + (size_t)(nkv + head) * HD;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = lane + 32 * j;
+        if (i >= HALF) continue;
+        const float cf = cos_t[(size_t)pos * HALF + i], sf = sin_t[(size_t)pos * HALF + i];
+        const float lo = a[j] * cf - b[j] * sf;
+        const float hi = b[j] * cf + a[j] * sf;
+        if (!is_k) {
+            src[i] = lo;
+            src[i + HALF] = hi;
+        } else {
+            kdst[i] = f2bf(lo);
+            kdst[i + HALF] = f2bf(hi);
+            vdst[i] = f2bf(vsrc[i]);
+            vdst[i + HALF] = f2bf(vsrc[i + HALF]);
+        }
+    }
+}
