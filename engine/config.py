@@ -97,7 +97,11 @@ class ModelConfig:
             heads = int(d["num_attention_heads"])
             kv_heads = int(d.get("num_key_value_heads") or heads)
             head_dim = int(d.get("head_dim") or hidden // heads)
-            theta, scaling = _rope(d)
+            theta, scaling = _rope(d, source)
+            ctx = int(d.get("max_position_embeddings", 4096))
+            window = d.get("sliding_window")
+            if window and (arch == "mistral" or d.get("use_sliding_window")):
+                ctx = min(ctx, int(window))  # attention past the window would differ: stay inside it
             return cls(
                 arch=arch,
                 vocab_size=int(d["vocab_size"]),
@@ -109,7 +113,7 @@ class ModelConfig:
                 head_dim=head_dim,
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta,
-                max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+                max_position_embeddings=ctx,
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 attention_bias=arch == "qwen2" or bool(d.get("attention_bias", False)),
                 qk_norm=arch == "qwen3",
@@ -165,7 +169,7 @@ def _ids(x) -> tuple[int, ...]:
     return (int(x),)
 
 
-def _rope(d: dict) -> tuple[float, RopeScaling | None]:
+def _rope(d: dict, source: str) -> tuple[float, RopeScaling | None]:
     params = d.get("rope_parameters") or {}
     scaling = d.get("rope_scaling") or params
     theta = float(d.get("rope_theta") or params.get("rope_theta") or 10000.0)
@@ -173,7 +177,7 @@ def _rope(d: dict) -> tuple[float, RopeScaling | None]:
     if kind in (None, "default"):
         return theta, None
     if kind != "llama3":
-        raise GDecodeError(f"unsupported rope scaling {kind!r} (supported: default, llama3)")
+        raise GDecodeError(f"{source}: unsupported rope scaling {kind!r} (supported: default, llama3)")
     return theta, RopeScaling(
         factor=float(scaling["factor"]),
         low_freq_factor=float(scaling["low_freq_factor"]),
