@@ -12,8 +12,9 @@ class CudaError(RuntimeError):
     def __init__(self, call: str, code=None, detail: str = ""):
         self.call = call
         self.code = code
-        name = getattr(code, "name", str(code))
-        text = f"{call} failed: {name}"
+        text = f"{call} failed"
+        if code is not None:
+            text += f": {getattr(code, 'name', code)}"
         if detail:
             text += f" ({detail})"
         super().__init__(text)

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Every GPU test, a short benchmark and the device copy bandwidth, with a summary table last.
+# Run from the repository root: PYTHONPATH=. bash scripts/gpu_check.sh
+# It never stops at the first failure; full logs go to $OUT/gpu_check (or /tmp/gpu_check).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+LOGS=${OUT:-${TMPDIR:-/tmp}}/gpu_check
+mkdir -p "$LOGS"
+NAMES=()
+RESULTS=()
+STATUS=0
+
+section() { printf '\n==== %s ====\n' "$1"; }
+record() { NAMES+=("$1"); RESULTS+=("$2"); }
+fail() { record "$1" "$2"; STATUS=1; }
+
+section "devices"
+if smi=$(nvidia-smi -L 2>&1); then
+    echo "$smi"
+    record "nvidia-smi" "$(grep -c '^GPU' <<<"$smi") GPU(s): $(head -1 <<<"$smi" | sed 's/ (UUID.*//')"
+else
+    echo "$smi"
+    fail "nvidia-smi" "FAILED"
+fi
+
+section "versions"
+"$PY" - <<'EOF' 2>&1 | tee "$LOGS/versions.log"
+import platform
+print("python", platform.python_version())
+for name in ("cuda.bindings", "cupy", "numpy", "torch"):
+    try:
+        print(name, __import__(name, fromlist=["__version__"]).__version__)
+    except Exception as e:
+        print(name, "unavailable:", e)
+try:
+    from cuda.bindings import driver
+    from kernels.compiler import include_dirs, nvrtc_version
+    from kernels.cuda import device_arch, gpu_available
+    print("nvrtc", nvrtc_version(), "| CUDA headers", include_dirs() or "not found")
+    driver.cuInit(0)
+    print("driver", driver.cuDriverGetVersion()[1], "| gpu_available", gpu_available(),
+          "| arch", device_arch() if gpu_available() else "-")
+except Exception as e:
+    print("driver/nvrtc:", type(e).__name__, e)
+EOF
+
+section "pytest -m gpu"
+timeout "${GPU_CHECK_PYTEST_TIMEOUT:-420}" "$PY" -m pytest -q -m gpu tests -rs 2>&1 | tee "$LOGS/pytest.log"
+rc=${PIPESTATUS[0]}
+summary=$(grep -E ' in [0-9.]+s' "$LOGS/pytest.log" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
+case $rc in
+    0) record "pytest -m gpu" "ok: ${summary:-?}" ;;
+    5) record "pytest -m gpu" "no GPU tests collected" ;;
+    124) fail "pytest -m gpu" "TIMEOUT after ${GPU_CHECK_PYTEST_TIMEOUT:-420}s: ${summary:-?}" ;;
+    *) fail "pytest -m gpu" "FAILED (rc=$rc): ${summary:-no summary line}" ;;
+esac
+
+section "bench"
+if "$PY" -m cli.main bench --help >/dev/null 2>&1; then
+    # shellcheck disable=SC2086  # GDECODE_BENCH_ARGS is a list of words on purpose
+    timeout "${GPU_CHECK_BENCH_TIMEOUT:-180}" "$PY" -m cli.main bench ${GDECODE_BENCH_ARGS:-} 2>&1 | tee "$LOGS/bench.log"
+    rc=${PIPESTATUS[0]}
+    line=$(grep -E 'tok/s' "$LOGS/bench.log" | tail -1 | sed 's/^ *//')
+    if [ "$rc" -eq 0 ]; then record "bench" "ok: ${line:-see log}"; else fail "bench" "FAILED (rc=$rc)"; fi
+else
+    echo "no bench command"
+    record "bench" "skipped (no bench command)"
+fi
+
+section "copy bandwidth"
+timeout 120 "$PY" -m kernels.bandwidth >"$LOGS/bandwidth.log" 2>&1
+rc=$?
+cat "$LOGS/bandwidth.log"
+if [ "$rc" -eq 0 ]; then
+    record "copy bandwidth" "$(tail -1 "$LOGS/bandwidth.log" | sed 's/^device copy bandwidth: //')"
+else
+    fail "copy bandwidth" "FAILED (rc=$rc)"
+fi
+
+section "summary"
+for i in "${!NAMES[@]}"; do
+    printf '%-16s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
+done
+printf '%-16s %s\n' "logs" "$LOGS"
+exit $STATUS
