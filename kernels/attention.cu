@@ -43,6 +43,7 @@ attn_partial(const float* __restrict__ q, const bf16* __restrict__ k_cache, cons
              const DecodeState* __restrict__ st, float* __restrict__ pm, float* __restrict__ pl,
              float* __restrict__ pacc, int max_ctx, float scale2)
 {
+    pdl_enter();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
     const int slot = lane / LPR, sub = lane % LPR;

@@ -19,6 +19,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 attn_combine(const float* __restrict__ pm, const float* __restrict__ pl, const float* __restrict__ pacc,
              float* __restrict__ out, int nh, int splits)
 {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int head = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (head >= nh) return;

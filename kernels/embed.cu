@@ -10,6 +10,7 @@ static_assert(H % 8 == 0, "hidden size must be a multiple of 8");
 extern "C" __global__ void embed(const bf16* __restrict__ table, const DecodeState* __restrict__ st,
                                  float* __restrict__ x, int vocab)
 {
+    pdl_enter();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= H / 8) return;
     const int t = min(max(st->token, 0), vocab - 1);

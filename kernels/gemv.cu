@@ -2,7 +2,7 @@
 // NORM fuses the preceding RMSNorm: each warp reads all of x anyway, so it sums x^2 on the way
 // and scales its dot product by 1/rms at the end. EPI: 0 store (+ bias), 1 y += Wx (residual),
 // 2 y = silu(gate) * up with gate rows [0, n_out) and up rows [n_out, 2 n_out).
-// budget: gemv=96
+// budget: gemv=128
 // defines: K=4096 EPI=0 NORM=1 BIAS=1
 // defines: K=14336 EPI=1 NORM=0 BIAS=0 SPLITK=4
 // defines: K=4096 EPI=2 NORM=1 BIAS=0
@@ -12,6 +12,9 @@
 
 #ifndef WARPS
 #define WARPS 8
+#endif
+#ifndef MINB
+#define MINB 2
 #endif
 #ifndef SPLITK
 #define SPLITK 1
@@ -23,9 +26,17 @@
 #ifndef UNROLL
 #define UNROLL (ROWS == 2 ? 4 : 8)
 #endif
-#define U (ITERS < UNROLL ? ITERS : UNROLL)
-#define BATCHES ((ITERS + U - 1) / U)
-#define RAGGED (CHUNKS % (32 * SPLITK) != 0 || ITERS % U != 0)
+
+// loads per batch: a divisor of ITERS when one is close to UNROLL, so no batch is ragged
+constexpr int pick_unroll(int iters, int cap) {
+    if (iters <= cap) return iters;
+    for (int u = cap; 2 * u > cap; --u)
+        if (iters % u == 0) return u;
+    return cap;
+}
+constexpr int U = pick_unroll(ITERS, UNROLL);
+constexpr int BATCHES = (ITERS + U - 1) / U;
+constexpr bool RAGGED = CHUNKS % (32 * SPLITK) != 0 || ITERS % U != 0;
 
 static_assert(K % 8 == 0, "K must be a multiple of 8");
 static_assert(WARPS % SPLITK == 0, "SPLITK warps share a row");
@@ -48,10 +59,12 @@ __device__ __forceinline__ float4 mul4(float4 a, float4 b) {
 
 // w: [ROWS * n_out, K] bf16; x: [K]; gamma: [K] (NORM); bias: [n_out] (BIAS); y: [n_out].
 // SPLITK warps share a row, each taking every SPLITK-th 512-byte segment of it.
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+// MINB caps registers so that ptxas keeps all U loads of a batch in flight
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
      const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps)
 {
+    pdl_enter();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x * RPB + warp / SPLITK, part = warp % SPLITK;
     const bool live = row < n_out;

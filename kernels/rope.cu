@@ -22,6 +22,7 @@ rope_append(float* __restrict__ qkv, const float* __restrict__ q_norm, const flo
             const float* __restrict__ cos_t, const float* __restrict__ sin_t, const DecodeState* __restrict__ st,
             bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int nh, int nkv, int max_ctx, float eps)
 {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int head = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (head >= nh + nkv) return;

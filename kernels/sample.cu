@@ -165,6 +165,7 @@ sample(const float* __restrict__ logits, DecodeState* st, const int* __restrict_
     __shared__ Scratch s;
     __shared__ float cz[CAP];
     __shared__ int ci[CAP];
+    pdl_enter();
     const int pos = st->pos;
     const float temp = st->temperature;
     const bool in_prompt = pos + 1 < st->prompt_len;

@@ -1,0 +1,103 @@
+"""CUDA backend: every decode step is one replay of a captured graph; tokens stream back asynchronously."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.errors import GDecodeError
+from engine.sampling import SamplingParams
+from engine.weights import ModelWeights
+
+RING = 64  # host ring slots the sampler writes into (power of two)
+IN_FLIGHT = 8  # replays queued ahead of the token being read
+
+
+def default_splits(cfg: ModelConfig, sms: int) -> int:
+    """Attention splits: at least two blocks per SM over the kv heads, a multiple of 8 in [32, 128]."""
+    s = max(32, -(-2 * sms // cfg.num_kv_heads))
+    return min(128, -(-s // 8) * 8)
+
+
+class CudaBackend:
+    """Decode on the GPU: weights, KV cache and the captured step are built once, here."""
+
+    name = "cuda"
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights | None, max_context: int | None = None,
+                 attn_splits: int | None = None, use_graph: bool = True, pdl: bool = False, seed: int = 0):
+        import cupy as cp
+
+        from graphs.buffers import DecodeBuffers, DeviceWeights, fit_context
+        from graphs.decode import DecodeStep
+        from kernels import ops
+        from kernels.cuda import init, shared_stream
+
+        init()
+        self.cfg = cfg
+        self.stream = stream = shared_stream()
+        with stream:
+            if weights is None:
+                self.weights = DeviceWeights.random(cfg, seed)
+            else:
+                self.weights = DeviceWeights.upload(cfg, weights)
+            stream.synchronize()
+            cp.get_default_memory_pool().free_all_blocks()
+            free = cp.cuda.runtime.memGetInfo()[0]
+            self.max_context = fit_context(cfg, max_context, free)
+            self.attn_splits = attn_splits or default_splits(cfg, ops.sm_count())
+            self.bufs = DecodeBuffers(cfg, self.max_context, self.attn_splits, RING)
+            stream.synchronize()
+        self.step = DecodeStep(cfg, self.weights, self.bufs, stream, use_graph, pdl)
+        self._events = [cp.cuda.Event(disable_timing=True) for _ in range(RING)]
+
+    def start(self, prompt_ids, params: SamplingParams | None = None, seed: int = 0) -> None:
+        """Load a prompt and sampling parameters into the device state (position 0)."""
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise GDecodeError("the prompt is empty")
+        if len(ids) > self.max_context:
+            raise GDecodeError(f"the prompt is {len(ids)} tokens but the context holds {self.max_context}")
+        if min(ids) < 0 or max(ids) >= self.cfg.vocab_size:
+            raise GDecodeError(f"token id out of range [0, {self.cfg.vocab_size})")
+        p = params or SamplingParams(temperature=0.0)
+        self.stream.synchronize()
+        self.bufs.write_state(self.stream, ids, p.temperature, p.top_k, p.top_p, seed)
+
+    def replay(self, n: int = 1) -> None:
+        """Queue n decode steps (no host copy between them)."""
+        for _ in range(n):
+            self.step()
+
+    def step_logits(self) -> np.ndarray:
+        """The fp32 logits of the last step, [V] (synchronises)."""
+        self.stream.synchronize()
+        return self.bufs.logits.get(stream=self.stream)
+
+    def device_state(self) -> dict:
+        self.stream.synchronize()
+        return self.bufs.read_state()
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int) -> Iterator[int]:
+        """Yield up to max_new_tokens sampled ids; stops early at the context limit.
+
+        The prompt is fed by replays too: step j runs position j, and while j + 1 < len(prompt)
+        its next token is the prompt's. Up to IN_FLIGHT replays are queued ahead of the token
+        being read from the host ring.
+        """
+        n = len(prompt_ids)
+        self.start(prompt_ids, params, params.seed or 0)
+        end = min(n - 1 + max_new_tokens, self.max_context)
+        issued = 0
+        try:
+            for j in range(n - 1, end):
+                while issued < end and issued <= j + IN_FLIGHT:
+                    self.step()
+                    self._events[issued % RING].record(self.stream)
+                    issued += 1
+                self._events[j % RING].synchronize()
+                yield int(self.bufs.ring[j % RING])
+        finally:
+            self.stream.synchronize()

@@ -1,0 +1,207 @@
+"""Device buffers of the decode step, allocated once per model load: weights, KV cache, activations."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.errors import GDecodeError
+from engine.reference import rope_tables
+from engine.weights import ModelWeights
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+# the C struct DecodeState of kernels/common.cuh
+STATE_DTYPE = np.dtype([
+    ("token", "<i4"), ("pos", "<i4"), ("prompt_len", "<i4"), ("ring_mask", "<i4"),
+    ("step", "<u8"), ("seed", "<u8"),
+    ("temperature", "<f4"), ("top_k", "<i4"), ("top_p", "<f4"), ("pad", "<i4"),
+])
+GUARD = 4096  # bf16 elements after each cache half, never written by a kernel
+GUARD_BITS = 0x7FC1
+HEADROOM = 1 << 30  # device memory left free after sizing the KV cache
+
+
+def to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16) of a float32/float16/bfloat16 array, rounded to nearest even."""
+    a = np.asarray(a)
+    if a.dtype != BF16:
+        a = a.astype(np.float32).astype(BF16)
+    return np.ascontiguousarray(a).view(np.uint16)
+
+
+@dataclass
+class DeviceLayer:
+    attn_norm: object  # [H] f32
+    wqkv: object  # [q_size + 2 kv_size, H] bf16 bits
+    bqkv: object | None  # [q_size + 2 kv_size] f32
+    wo: object  # [H, q_size] bf16
+    q_norm: object | None  # [hd] f32
+    k_norm: object | None
+    mlp_norm: object  # [H] f32
+    w_gate_up: object  # [2 I, H] bf16
+    w_down: object  # [H, I] bf16
+
+
+class DeviceWeights:
+    """bf16 matrices and f32 vectors on the device (CuPy arrays); lm_head is embed when tied."""
+
+    def __init__(self, embed, layers: list[DeviceLayer], final_norm, lm_head):
+        self.embed, self.layers, self.final_norm, self.lm_head = embed, layers, final_norm, lm_head
+
+    @classmethod
+    def upload(cls, cfg: ModelConfig, w: ModelWeights) -> DeviceWeights:
+        """Copy host weights to the device, matrices as bf16 and vectors as f32."""
+        import cupy as cp
+
+        def mat(a):
+            return cp.asarray(to_bf16_bits(a))
+
+        def vec(a):
+            return None if a is None else cp.asarray(np.asarray(a, dtype=np.float32))
+
+        embed = mat(w.embed)
+        tied = w.lm_head is w.embed or cfg.tie_word_embeddings
+        layers = [
+            DeviceLayer(vec(lw.attn_norm), mat(lw.wqkv), vec(lw.bqkv), mat(lw.wo), vec(lw.q_norm),
+                        vec(lw.k_norm), vec(lw.mlp_norm), mat(lw.w_gate_up), mat(lw.w_down))
+            for lw in w.layers
+        ]
+        return cls(embed, layers, vec(w.final_norm), embed if tied else mat(w.lm_head))
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, seed: int = 0) -> DeviceWeights:
+        """Random weights made on the device for cfg's shapes (benchmarks; no host copy)."""
+        import cupy as cp
+
+        from kernels import ops
+
+        counter = [seed * 1000003]
+
+        def mat(rows, cols):
+            a = cp.empty((rows, cols), cp.uint16)
+            counter[0] += 1
+            ops.fill_bf16(a, counter[0], cols**-0.5, 0.0)
+            return a
+
+        def vec(n, scale=0.1, offset=1.0):
+            a = cp.empty(n, cp.float32)
+            counter[0] += 1
+            ops.fill_f32(a, counter[0], scale, offset)
+            return a
+
+        h, hd = cfg.hidden_size, cfg.head_dim
+        n_qkv = cfg.q_size + 2 * cfg.kv_size
+        embed = mat(cfg.vocab_size, h)
+        layers = [
+            DeviceLayer(vec(h), mat(n_qkv, h), vec(n_qkv, 0.1, 0.0) if cfg.attention_bias else None,
+                        mat(h, cfg.q_size), vec(hd) if cfg.qk_norm else None, vec(hd) if cfg.qk_norm else None,
+                        vec(h), mat(2 * cfg.intermediate_size, h), mat(h, cfg.intermediate_size))
+            for _ in range(cfg.num_layers)
+        ]
+        lm_head = embed if cfg.tie_word_embeddings else mat(cfg.vocab_size, h)
+        return cls(embed, layers, vec(h), lm_head)
+
+    def nbytes(self) -> int:
+        arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        for lw in self.layers:
+            arrays += [a for a in vars(lw).values() if a is not None]
+        return sum(a.nbytes for a in arrays)
+
+
+def kv_bytes_per_position(cfg: ModelConfig) -> int:
+    """KV cache (bf16 K and V) plus the RoPE cos/sin rows and the prompt slot of one position."""
+    return cfg.kv_bytes_per_token(2) + cfg.head_dim * 4 + 4
+
+
+def fit_context(cfg: ModelConfig, requested: int | None, free_bytes: int) -> int:
+    """The context length to allocate: `requested`, or the model's own limit capped by free memory."""
+    per = kv_bytes_per_position(cfg)
+    fits = max(0, free_bytes - HEADROOM) // per
+    if requested is not None:
+        if requested < 1:
+            raise GDecodeError(f"max context must be at least 1, got {requested}")
+        if requested > fits:
+            raise GDecodeError(
+                f"a KV cache for {requested} positions needs {requested * per / 2**30:.1f} GiB, but only "
+                f"{max(0, free_bytes - HEADROOM) / 2**30:.1f} GiB of device memory is free after the weights "
+                f"(at most {fits} positions): lower --max-context")
+        return requested
+    ctx = min(cfg.max_position_embeddings, fits)
+    if ctx < 2:
+        raise GDecodeError(f"no room for a KV cache: {free_bytes / 2**30:.1f} GiB of device memory is free")
+    return ctx
+
+
+class DecodeBuffers:
+    """Every buffer the decode step reads or writes; nothing is allocated after this."""
+
+    def __init__(self, cfg: ModelConfig, max_context: int, attn_splits: int, ring_size: int = 64):
+        import cupy as cp
+
+        if ring_size & (ring_size - 1):
+            raise ValueError("ring_size must be a power of two")
+        self.cfg, self.max_context, self.attn_splits = cfg, max_context, attn_splits
+        L, nkv, hd, nh = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.num_heads
+        self.cache_elems = L * nkv * max_context * hd
+        # kv: [K cache | guard | V cache | guard]; each cache [L, n_kv, max_ctx, hd] bf16
+        self.kv = cp.empty(2 * (self.cache_elems + GUARD), cp.uint16)
+        self.kv[self.cache_elems : self.cache_elems + GUARD] = GUARD_BITS
+        self.kv[2 * self.cache_elems + GUARD :] = GUARD_BITS
+        self.k_cache = self.kv[: self.cache_elems]
+        self.v_cache = self.kv[self.cache_elems + GUARD : 2 * self.cache_elems + GUARD]
+        cos, sin = rope_tables(cfg, max_context)
+        self.cos, self.sin = cp.asarray(cos), cp.asarray(sin)
+        self.state = cp.zeros(STATE_DTYPE.itemsize, cp.uint8)  # one DecodeState
+        self.prompt = cp.zeros(max_context, cp.int32)
+        f32 = cp.float32
+        self.x = cp.zeros(cfg.hidden_size, f32)
+        self.qkv = cp.zeros(cfg.q_size + 2 * cfg.kv_size, f32)
+        self.attn = cp.zeros(cfg.q_size, f32)
+        self.act = cp.zeros(cfg.intermediate_size, f32)
+        self.logits = cp.zeros(cfg.vocab_size, f32)
+        self.pm = cp.zeros((nh, attn_splits), f32)
+        self.pl = cp.zeros((nh, attn_splits), f32)
+        self.pacc = cp.zeros((nh, attn_splits, hd), f32)
+        self.scratch_z = cp.zeros(cfg.vocab_size, f32)
+        self.scratch_i = cp.zeros(cfg.vocab_size, cp.int32)
+        # ring: host-mapped pinned memory the sampler writes each step's next token into
+        self.ring_size = ring_size
+        self._ring_mem = cp.cuda.PinnedMemory(ring_size * 4, flags=2)  # cudaHostAllocMapped
+        self.ring = np.ctypeslib.as_array((ctypes.c_int32 * ring_size).from_address(self._ring_mem.ptr))
+        self.ring[:] = -1
+        from cuda.bindings import driver
+
+        from kernels.cuda import check
+
+        self.ring_dev = int(check(driver.cuMemHostGetDevicePointer(self._ring_mem.ptr, 0),
+                                  "cuMemHostGetDevicePointer"))
+
+    def layer_cache(self, layer: int):
+        """(k, v) device addresses of one layer's [n_kv, max_ctx, hd] cache."""
+        n = self.cache_elems // self.cfg.num_layers
+        return self.k_cache.data.ptr + 2 * layer * n, self.v_cache.data.ptr + 2 * layer * n
+
+    def guards_intact(self) -> bool:
+        g = self.kv.get()
+        n = self.cache_elems
+        return bool((g[n : n + GUARD] == GUARD_BITS).all() and (g[2 * n + GUARD :] == GUARD_BITS).all())
+
+    def write_state(self, stream, prompt_ids, temperature=0.0, top_k=0, top_p=1.0, seed=0):
+        """Start a request on `stream` (a cupy Stream): the prompt and a fresh state at position 0."""
+        ids = np.asarray(prompt_ids, dtype=np.int32)
+        st = np.zeros(1, STATE_DTYPE)
+        st["token"], st["pos"], st["prompt_len"] = ids[0], 0, ids.size
+        st["ring_mask"] = self.ring_size - 1
+        st["seed"] = np.uint64(seed % 2**64)
+        st["temperature"], st["top_k"], st["top_p"] = temperature, top_k, top_p
+        self.prompt[: ids.size].set(ids, stream=stream)
+        self.state.set(st.view(np.uint8), stream=stream)
+        stream.synchronize()
+
+    def read_state(self) -> dict:
+        st = self.state.get().view(STATE_DTYPE)[0]
+        return {name: st[name].item() for name in STATE_DTYPE.names if name != "pad"}

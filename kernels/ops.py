@@ -1,0 +1,103 @@
+"""Launch builders for the decode kernels: each returns a prepared Launch over fixed buffers."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from kernels.launch import Launch, Module
+
+EPI_STORE, EPI_ADD, EPI_SILU = 0, 1, 2
+GEMV_WARPS = 8
+GEMV_MINB = 2
+ROPE_WARPS = 4
+ATTN_WARPS = 4
+COMBINE_WARPS = 4
+SAMPLE_BLOCK = 1024
+SAMPLE_CAP = 4096
+LOG2E = 1.4426950408889634
+
+
+@functools.cache
+def module(source: str, **defines) -> Module:
+    """The loaded module of kernels/<source>.cu for these defines (compiled once, cached on disk)."""
+    return Module.load(source, defines)
+
+
+@functools.cache
+def sm_count() -> int:
+    from kernels.cuda import device_attribute
+
+    return device_attribute("MULTIPROCESSOR_COUNT")
+
+
+def gemv_splitk(n_out: int, k: int, rows: int = 1) -> int:
+    """Warps per output row: enough warps to keep every SM streaming, each with >= 4 loads per row."""
+    target = 48 * sm_count()
+    s = 1
+    while s < GEMV_WARPS and n_out * s < target and k // (8 * 32 * 2 * s) >= 4:
+        s *= 2
+    return s
+
+
+def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: int = EPI_STORE, eps: float = 0.0,
+         splitk: int | None = None, minb: int = GEMV_MINB, pdl: bool = False) -> Launch:
+    """y[n_out] (=, += or silu-gated) W x with W [rows, k] bf16; gamma fuses the RMSNorm of x."""
+    if splitk is None:
+        splitk = gemv_splitk(n_out, k)
+    mod = module("gemv", K=k, EPI=epi, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
+                 MINB=minb)
+    grid = math.ceil(n_out / (GEMV_WARPS // splitk))
+    return mod.function("gemv", "PPPPPif").prepare(grid, GEMV_WARPS * 32, [w, x, gamma, bias, y, n_out, eps],
+                                                    pdl=pdl)
+
+
+def embed(table, state, x, vocab: int, hidden: int, pdl: bool = False) -> Launch:
+    threads = hidden // 8
+    block = min(256, threads)
+    return module("embed", H=hidden).function("embed", "PPPi").prepare(
+        math.ceil(threads / block), block, [table, state, x, vocab], pdl=pdl)
+
+
+def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: int, nkv: int, hd: int,
+                max_ctx: int, eps: float, pdl: bool = False) -> Launch:
+    mod = module("rope", HD=hd, QK_NORM=int(q_norm is not None))
+    return mod.function("rope_append", "PPPPPPPPiiif").prepare(
+        math.ceil((nh + nkv) / ROPE_WARPS), ROPE_WARPS * 32,
+        [qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, nh, nkv, max_ctx, eps], pdl=pdl)
+
+
+def attn_partial(q, k_cache, v_cache, state, pm, pl, pacc, *, nh: int, nkv: int, hd: int, splits: int,
+                 max_ctx: int, pdl: bool = False) -> Launch:
+    scale2 = hd**-0.5 * LOG2E
+    mod = module("attention", HD=hd, G=nh // nkv)
+    return mod.function("attn_partial", "PPPPPPPif").prepare(
+        (splits, nkv), ATTN_WARPS * 32, [q, k_cache, v_cache, state, pm, pl, pacc, max_ctx, scale2], pdl=pdl)
+
+
+def attn_combine(pm, pl, pacc, out, *, nh: int, hd: int, splits: int, pdl: bool = False) -> Launch:
+    return module("combine", HD=hd).function("attn_combine", "PPPPii").prepare(
+        math.ceil(nh / COMBINE_WARPS), COMBINE_WARPS * 32, [pm, pl, pacc, out, nh, splits], pdl=pdl)
+
+
+def sample(logits, state, prompt, ring, scratch_z, scratch_i, *, vocab: int, max_ctx: int,
+           pdl: bool = False) -> Launch:
+    mod = module("sample", BLOCK=SAMPLE_BLOCK, CAP=SAMPLE_CAP)
+    return mod.function("sample", "PPPPPPii").prepare(
+        1, SAMPLE_BLOCK, [logits, state, prompt, ring, scratch_z, scratch_i, vocab, max_ctx], pdl=pdl)
+
+
+def _fill(name: str, out, seed: int, scale: float, offset: float, stream=None):
+    n = out.size
+    grid = max(1, min(math.ceil(n / 256), 64 * sm_count()))
+    module("fill", NONE=0).function(name, "PqQff").launch(grid, 256, [out, n, seed % 2**64, scale, offset],
+                                                           stream=stream)
+
+
+def fill_bf16(out, seed: int, scale: float, offset: float = 0.0, stream=None):
+    """out (uint16 bf16 bits) = offset + scale * uniform(-1, 1), hashed from (seed, index)."""
+    _fill("fill_bf16", out, seed, scale, offset, stream)
+
+
+def fill_f32(out, seed: int, scale: float, offset: float = 0.0, stream=None):
+    _fill("fill_f32", out, seed, scale, offset, stream)

@@ -1,0 +1,301 @@
+"""Each decode kernel against a numpy reference, on fresh random inputs at awkward sizes.
+
+Outputs are poisoned with NaN before every run. Tolerances (relative L2 error unless stated):
+fp32 GEMV/norm/attention math 2e-5 (float32 accumulation order), bf16 cache writes 1 bf16 ulp,
+the embedding gather and the sampler exact.
+"""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from engine.reference import rope_tables, split_kv_partials
+from engine.sampling import SamplingParams, sample
+from graphs.buffers import STATE_DTYPE
+
+pytestmark = pytest.mark.gpu
+BF16 = ml_dtypes.bfloat16
+FP32_TOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    from kernels.cuda import init
+
+    init()
+    return cupy
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
+
+
+def bf16(a):
+    """(bf16 bits for the device, the same values as float32 for numpy)."""
+    b = np.asarray(a, np.float32).astype(BF16)
+    return b.view(np.uint16), b.astype(np.float32)
+
+
+def rel(out, ref):
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    assert np.isfinite(out).all(), "non-finite output (an element left unwritten?)"
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def state(cp, **fields):
+    st = np.zeros(1, STATE_DTYPE)
+    st["ring_mask"] = 0
+    for k, v in fields.items():
+        st[k] = v
+    return cp.asarray(st.view(np.uint8))
+
+
+def run(cp, launch):
+    launch(None)
+    cp.cuda.get_current_stream().synchronize()
+
+
+def rms(x, g, eps):
+    return x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * g
+
+
+GEMV_CASES = [  # n_out, k, epi, norm, bias, splitk
+    (576, 576, 0, True, False, None),
+    (896, 896, 0, True, True, None),
+    (1152, 896, 0, True, True, 2),
+    (896, 4864, 1, False, False, None),
+    (4864, 896, 2, True, False, None),
+    (4096, 4096, 1, False, False, 4),
+    (4096, 14336, 1, False, False, None),
+    (14336, 4096, 2, True, False, 1),
+    (320, 64, 0, True, False, None),
+    (96, 64, 2, True, False, None),
+    (64, 96, 1, False, False, None),
+    (1000, 72, 0, False, True, 1),
+]
+
+
+@pytest.mark.parametrize("n_out,k,epi,norm,bias,splitk", GEMV_CASES)
+def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk):
+    from kernels import ops
+
+    rows = 2 * n_out if epi == ops.EPI_SILU else n_out
+    wb, wf = bf16(rng.standard_normal((rows, k)) / math.sqrt(k))
+    x = rng.standard_normal(k).astype(np.float32) * 3
+    g = (0.5 + rng.random(k)).astype(np.float32)
+    b = rng.standard_normal(n_out).astype(np.float32)
+    y0 = rng.standard_normal(n_out).astype(np.float32)
+    eps = 1e-5
+    xin = rms(x, g, eps) if norm else x.astype(np.float64)
+    full = wf.astype(np.float64) @ xin
+    if epi == ops.EPI_STORE:
+        ref = full + (b if bias else 0)
+    elif epi == ops.EPI_ADD:
+        ref = y0 + full
+    else:
+        gate, up = full[:n_out], full[n_out:]
+        ref = gate / (1 + np.exp(-gate)) * up
+    y = cp.asarray(y0) if epi == ops.EPI_ADD else cp.full(n_out, np.nan, cp.float32)
+    launch = ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
+                      bias=cp.asarray(b) if bias else None, epi=epi, eps=eps, splitk=splitk)
+    run(cp, launch)
+    err = rel(y.get(), ref)
+    print(f"gemv {n_out}x{k} epi={epi} norm={norm}: rel err {err:.2e}")
+    assert err < FP32_TOL
+
+
+@pytest.mark.parametrize("vocab,hidden", [(320, 64), (49152, 576), (1000, 4096)])
+def test_embed(cp, rng, vocab, hidden):
+    from kernels import ops
+
+    tb, tf = bf16(rng.standard_normal((vocab, hidden)))
+    table = cp.asarray(tb)
+    x = cp.full(hidden, np.nan, cp.float32)
+    for token, want in [(vocab - 1, vocab - 1), (7, 7), (vocab + 5, vocab - 1), (-3, 0)]:
+        x.fill(np.nan)
+        run(cp, ops.embed(table, state(cp, token=token), x, vocab, hidden))
+        assert np.array_equal(x.get(), tf[want])
+
+
+ROPE_CASES = [(9, 3, 64, False), (14, 2, 64, True), (32, 8, 128, False), (4, 2, 16, True), (12, 2, 128, True)]
+
+
+@pytest.mark.parametrize("nh,nkv,hd,qk_norm", ROPE_CASES)
+def test_rope_append(cp, rng, nh, nkv, hd, qk_norm):
+    from engine.config import ModelConfig, RopeScaling
+    from kernels import ops
+
+    cfg = ModelConfig(arch="llama", vocab_size=10, hidden_size=nh * hd, intermediate_size=8, num_layers=1,
+                      num_heads=nh, num_kv_heads=nkv, head_dim=hd, rms_norm_eps=1e-6, rope_theta=500000.0,
+                      max_position_embeddings=8192, tie_word_embeddings=False, attention_bias=False,
+                      qk_norm=qk_norm, rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64))
+    ctx, eps = 300, 1e-6
+    cos, sin = rope_tables(cfg, ctx)
+    qn = (0.5 + rng.random(hd)).astype(np.float32)
+    kn = (0.5 + rng.random(hd)).astype(np.float32)
+    for pos in [0, 1, 77, ctx - 1, ctx + 40]:
+        qkv = rng.standard_normal((nh + 2 * nkv) * hd).astype(np.float32)
+        d_qkv = cp.asarray(qkv)
+        kc = cp.full(nkv * ctx * hd, 0x7FC0, cp.uint16)  # bf16 NaN
+        vc = kc.copy()
+        launch = ops.rope_append(d_qkv, cp.asarray(qn) if qk_norm else None, cp.asarray(kn) if qk_norm else None,
+                                 cp.asarray(cos), cp.asarray(sin), state(cp, pos=pos), kc, vc, nh=nh, nkv=nkv,
+                                 hd=hd, max_ctx=ctx, eps=eps)
+        run(cp, launch)
+        p = min(pos, ctx - 1)
+        v = qkv[(nh + nkv) * hd :].reshape(nkv, hd)
+        q = _rope_ref(qkv[: nh * hd].reshape(nh, hd), qn if qk_norm else None, cos[p], sin[p], eps)
+        k = _rope_ref(qkv[nh * hd : (nh + nkv) * hd].reshape(nkv, hd), kn if qk_norm else None, cos[p], sin[p], eps)
+        assert rel(d_qkv.get()[: nh * hd].reshape(nh, hd), q) < FP32_TOL
+        assert np.array_equal(d_qkv.get()[nh * hd :], qkv[nh * hd :]), "k/v part of qkv must stay"
+        kg = kc.get().view(BF16).astype(np.float32).reshape(nkv, ctx, hd)
+        vg = vc.get().view(BF16).astype(np.float32).reshape(nkv, ctx, hd)
+        assert np.abs(kg[:, p] - k).max() <= np.abs(k).max() * 2**-7
+        assert np.array_equal(vg[:, p], v.astype(BF16).astype(np.float32))
+        others = np.delete(np.arange(ctx), p)
+        assert np.isnan(kg[:, others]).all() and np.isnan(vg[:, others]).all(), "wrote outside row pos"
+
+
+def _rope_ref(x, g, c, s, eps):
+    x = x.astype(np.float64)
+    if g is not None:
+        x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+    half = x.shape[-1] // 2
+    x1, x2 = x[:, :half], x[:, half:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+ATTN_HEADS = [(9, 3, 64), (14, 2, 64), (32, 8, 128), (4, 1, 16), (8, 8, 128)]
+
+
+def _attn_nkvs(splits, top=300):
+    """nkv = k*chunk - 1, k*chunk, k*chunk + 1 for several chunk sizes, and nkv < splits."""
+    out = {1, 2, 3, splits - 1, splits, splits + 1, top}
+    for chunk in (1, 2, 5, 9):
+        for k in (1, splits // 2, splits - 1, splits):
+            out |= {k * chunk - 1, k * chunk, k * chunk + 1}
+    return sorted(n for n in out if 1 <= n <= top)
+
+
+@pytest.mark.parametrize("splits", [8, 32])
+@pytest.mark.parametrize("nh,nkv,hd", ATTN_HEADS)
+def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits):
+    from engine.reference import combine_splits
+    from kernels import ops
+
+    ctx = 320
+    kb, kf = bf16(rng.standard_normal((nkv, ctx, hd)))
+    vb, vf = bf16(rng.standard_normal((nkv, ctx, hd)))
+    q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
+    d_q = cp.asarray(q)
+    pm = cp.empty((nh, splits), cp.float32)
+    pl, pacc = cp.empty_like(pm), cp.empty((nh, splits, hd), cp.float32)
+    out = cp.empty(nh * hd, cp.float32)
+    for nkv_rows in _attn_nkvs(splits):
+        # rows past nkv hold NaN: reading one would poison the result
+        kp, vp = kb.copy(), vb.copy()
+        kp[:, nkv_rows:], vp[:, nkv_rows:] = 0x7FC0, 0x7FC0
+        d_k, d_v = cp.asarray(kp), cp.asarray(vp)
+        st = state(cp, pos=nkv_rows - 1)
+        for a in (pm, pl, pacc, out):
+            a.fill(np.nan)
+        run(cp, ops.attn_partial(d_q, d_k, d_v, st, pm, pl, pacc, nh=nh, nkv=nkv, hd=hd, splits=splits,
+                                 max_ctx=ctx))
+        run(cp, ops.attn_combine(pm, pl, pacc, out, nh=nh, hd=hd, splits=splits))
+        m_ref, l_ref, acc_ref = split_kv_partials(q.reshape(nh, hd), kf, vf, nkv_rows, splits)
+        m, l, acc = pm.get().T, pl.get().T, pacc.get().transpose(1, 0, 2)
+        empty = l_ref == 0
+        assert (np.isneginf(m[empty])).all() and (l[empty] == 0).all() and (acc[empty] == 0).all()
+        live = ~empty
+        assert np.allclose(m[live], m_ref[live], rtol=1e-5, atol=1e-5)
+        assert rel(l[live], l_ref[live]) < FP32_TOL
+        assert rel(acc[live], acc_ref[live]) < FP32_TOL
+        ref = combine_splits(m_ref, l_ref, acc_ref)
+        assert rel(out.get().reshape(nh, hd), ref) < FP32_TOL, f"nkv={nkv_rows}"
+
+
+def _sampler(cp, vocab, max_ctx=64):
+    from kernels import ops
+
+    logits = cp.empty(vocab, cp.float32)
+    prompt = cp.zeros(max_ctx, cp.int32)
+    ring = cp.full(8, -1, cp.int32)
+    sz, si = cp.empty(vocab, cp.float32), cp.empty(vocab, cp.int32)
+    return logits, prompt, ring, sz, si, ops
+
+
+def _draw(cp, parts, st, vocab, max_ctx=64):
+    logits, prompt, ring, sz, si, ops = parts
+    run(cp, ops.sample(logits, st, prompt, ring, sz, si, vocab=vocab, max_ctx=max_ctx))
+    return st.get().view(STATE_DTYPE)[0]
+
+
+def test_sample_greedy_ties_and_state(cp, rng):
+    vocab = 151936
+    parts = _sampler(cp, vocab)
+    x = rng.standard_normal(vocab).astype(np.float32)
+    x[[5000, 777, 150000]] = 9.0
+    parts[0].set(x)
+    st = state(cp, pos=10, prompt_len=3, step=4, ring_mask=7)
+    s = _draw(cp, parts, st, vocab)
+    assert s["token"] == 777 and s["pos"] == 11 and s["step"] == 5
+    assert parts[2].get()[10 & 7] == 777
+    st = state(cp, pos=63, prompt_len=3)
+    assert _draw(cp, parts, st, vocab)["pos"] == 64, "pos saturates at max_ctx"
+
+
+def test_sample_feeds_the_prompt(cp, rng):
+    vocab = 1000
+    parts = _sampler(cp, vocab)
+    parts[0].set(rng.standard_normal(vocab).astype(np.float32))
+    parts[1][:5] = cp.asarray([11, 22, 33, 44, 55], cp.int32)
+    st = state(cp, pos=2, prompt_len=5, step=0, temperature=1.0)
+    s = _draw(cp, parts, st, vocab)
+    assert s["token"] == 44 and s["pos"] == 3 and s["step"] == 0
+
+
+SAMPLE_CASES = [  # vocab, spread, temperature, top_k, top_p
+    (320, 3.0, 0.8, 40, 0.95),
+    (49152, 4.0, 0.7, 0, 0.9),
+    (49152, 4.0, 1.0, 50, 1.0),
+    (151936, 5.0, 0.6, 20, 0.8),
+    (151936, 0.5, 1.5, 0, 0.95),  # flat: more candidates than fit in shared memory
+    (151936, 0.5, 2.0, 0, 1.0),
+    (128256, 3.0, 1.0, 1, 1.0),
+    (1000, 2.0, 1.0, 2000, 0.5),
+]
+
+
+@pytest.mark.parametrize("vocab,spread,temp,top_k,top_p", SAMPLE_CASES)
+def test_sample_matches_host_sampler(cp, rng, vocab, spread, temp, top_k, top_p):
+    parts = _sampler(cp, vocab)
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p)
+    mismatches = 0
+    for trial in range(12):
+        x = (rng.standard_normal(vocab) * spread).astype(np.float32)
+        if trial % 3 == 0:
+            x[rng.integers(0, vocab, 6)] = x.max()  # ties at the top
+        parts[0].set(x)
+        seed, step = int(rng.integers(0, 2**63)), int(rng.integers(0, 1000))
+        st = state(cp, pos=0, prompt_len=1, seed=seed, step=step, temperature=temp, top_k=top_k, top_p=top_p)
+        got = int(_draw(cp, parts, st, vocab)["token"])
+        want = sample(x, params, step, seed)
+        mismatches += got != want
+    assert mismatches == 0
+
+
+def test_fill_random(cp):
+    from kernels import ops
+
+    a = cp.empty((1000, 333), cp.uint16)
+    ops.fill_bf16(a, 7, 0.5, 1.0)
+    v = a.get().view(BF16).astype(np.float32)
+    assert v.min() >= 0.5 and v.max() <= 1.5 and abs(v.mean() - 1.0) < 0.01 and v.std() > 0.2
+    f = cp.empty(12345, cp.float32)
+    ops.fill_f32(f, 7, 2.0)
+    assert abs(float(f.mean())) < 0.1 and float(abs(f).max()) <= 2.0
