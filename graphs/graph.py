@@ -37,8 +37,9 @@ class Graph:
     def kernel_nodes(self) -> list:
         """Every kernel node of the graph (cuGraphGetNodes, filtered by type)."""
         _, count = check(driver.cuGraphGetNodes(self._graph, 0), "cuGraphGetNodes")
-        nodes, _ = check(driver.cuGraphGetNodes(self._graph, count), "cuGraphGetNodes")
-        kinds = [check(driver.cuGraphNodeGetType(n), "cuGraphNodeGetType") for n in nodes[:count]]
+        nodes, count = check(driver.cuGraphGetNodes(self._graph, count), "cuGraphGetNodes")
+        nodes = list(nodes)[:count]
+        kinds = [check(driver.cuGraphNodeGetType(n), "cuGraphNodeGetType") for n in nodes]
         return [n for n, k in zip(nodes, kinds, strict=True) if k == _KERNEL]
 
     def launch_of(self, node):
