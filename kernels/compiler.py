@@ -81,25 +81,23 @@ def resolve_source(source: str | os.PathLike) -> Path:
     return p.resolve()
 
 
-def _pairs(pattern: re.Pattern | None, text: str) -> dict[str, str]:
-    out = {}
-    for line in pattern.findall(text) if pattern else [text]:
-        for item in line.split():
-            name, sep, value = item.partition("=")
-            if sep:
-                out[name.strip(",")] = value.strip(",")
-    return out
+def _pairs(lines) -> dict[str, str]:
+    items = (item.strip(",").partition("=") for line in lines for item in line.split())
+    return {name: value for name, sep, value in items if sep}
+
+
+def _budgets(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in _pairs(_BUDGET.findall(text)).items()}
 
 
 def declared_budgets(source: str | os.PathLike) -> dict[str, int]:
     """Per-kernel register budgets from `// budget: kernel=128` lines."""
-    return {k: int(v) for k, v in _pairs(_BUDGET, resolve_source(source).read_text()).items()}
+    return _budgets(resolve_source(source).read_text())
 
 
 def declared_defines(source: str | os.PathLike) -> list[dict[str, str]]:
     """Representative compile-time constants, one dict per `// defines: HEAD_DIM=128 ...` line."""
-    text = resolve_source(source).read_text()
-    sets = [_pairs(None, line) for line in _DEFINES.findall(text) if "=" in line]
+    sets = [_pairs([line]) for line in _DEFINES.findall(resolve_source(source).read_text()) if "=" in line]
     return sets or [{}]
 
 
@@ -289,7 +287,7 @@ def compile_kernel(source, defines: dict | None = None, arch: str | None = None,
     headers = project_headers(path)
     opts = build_options(arch, defines, options)
     key = cache_key(text, headers, opts, arch, nvrtc_version())
-    budgets = {k: int(v) for k, v in _pairs(_BUDGET, text.decode(errors="replace")).items()}
+    budgets = _budgets(text.decode(errors="replace"))
     cache = cache or CubinCache()
 
     def done(cubin, log, cached):
