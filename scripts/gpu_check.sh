@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.." || exit 1
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
+# `python -m cli.main` would run a second copy of cli.main whose app has no commands registered
+GDECODE=("$PY" -c 'from cli.main import main; main()')
 LOGS=${OUT:-${TMPDIR:-/tmp}}/gpu_check
 mkdir -p "$LOGS"
 NAMES=()
@@ -59,9 +61,9 @@ case $rc in
 esac
 
 section "bench"
-if "$PY" -m cli.main bench --help >/dev/null 2>&1; then
+if "${GDECODE[@]}" bench --help >/dev/null 2>&1; then
     # shellcheck disable=SC2086  # GDECODE_BENCH_ARGS is a list of words on purpose
-    timeout "${GPU_CHECK_BENCH_TIMEOUT:-180}" "$PY" -m cli.main bench ${GDECODE_BENCH_ARGS:-} 2>&1 | tee "$LOGS/bench.log"
+    timeout "${GPU_CHECK_BENCH_TIMEOUT:-180}" "${GDECODE[@]}" bench ${GDECODE_BENCH_ARGS:-} 2>&1 | tee "$LOGS/bench.log"
     rc=${PIPESTATUS[0]}
     line=$(grep -E 'tok/s' "$LOGS/bench.log" | tail -1 | sed 's/^ *//')
     if [ "$rc" -eq 0 ]; then record "bench" "ok: ${line:-see log}"; else fail "bench" "FAILED (rc=$rc)"; fi
