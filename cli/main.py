@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     except click_exc.ClickException as e:
         print(f"error: {e.format_message()}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except (KeyboardInterrupt, click_exc.Abort):
+    except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except BrokenPipeError:
@@ -41,4 +41,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m cli.main` runs this file as __main__: use the imported module, where commands register
+    from cli.main import main as _main
+
+    _main()
