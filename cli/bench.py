@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.main import app
+from engine.errors import GDecodeError
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise GDecodeError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise GDecodeError(f"{what}: values must not be negative")
+    return values
+
+
+@app.command()
+def bench(
+    shape: str = typer.Option("llama3-8b", help="Named model shape with random bf16 weights made on the device."),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="Benchmark a model directory instead."),
+    tests: str = typer.Option("pp512,tg128", help="Comma list of pp512 and tg128."),
+    depth: str = typer.Option("0", help="Tokens already in the KV cache, comma list (e.g. 0,2048,8192,32768)."),
+    splits: str = typer.Option("", help="ATTN_SPLITS values to sweep, comma list (default: chosen from the GPU)."),
+    no_graph: bool = typer.Option(False, "--no-graph", help="Launch the same kernels eagerly, no graph replay."),
+    repeats: int = typer.Option(3, min=3, help="Timed repeats per test after warm-up; the median is shown."),
+    breakdown: bool = typer.Option(False, help="Also time each kernel kind of one decode step."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+):
+    """Batch-1 prefill (pp512) and decode (tg128 at depth) speed, with achieved GB/s vs device copy bandwidth."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from engine import bench as B
+    from engine.config import ModelConfig
+    from engine.shapes import shape as named_shape
+
+    wanted = [t.strip() for t in tests.split(",") if t.strip()]
+    bad = [t for t in wanted if t not in ("pp512", "tg128")]
+    if bad or not wanted:
+        raise GDecodeError(f"--tests: unknown test {', '.join(bad) or '(none)'} (choose from pp512, tg128)")
+    depths = _ints(depth, "--depth") or [0]
+    split_list = _ints(splits, "--splits") or [None]
+    if any(s is not None and s < 1 for s in split_list):
+        raise GDecodeError("--splits: values must be at least 1")
+    cfg = ModelConfig.from_dir(model) if model is not None else named_shape(shape)
+    need = max(depths) + B.PP_TOKENS + B.TG_TOKENS + B.WARMUP + 1
+    if need > cfg.max_position_embeddings:
+        raise GDecodeError(f"--depth {max(depths)} leaves no room for the test in the model's context of "
+                           f"{cfg.max_position_embeddings} tokens")
+
+    from kernels.cuda import gpu_available
+
+    if not gpu_available():
+        raise GDecodeError("gdecode bench needs a CUDA GPU, and none was found")
+    from engine.backend_cuda import CudaBackend
+    from kernels.bandwidth import copy_bandwidth
+
+    err = Console(stderr=True)
+    weights = None
+    if model is not None:
+        from engine.weights import load_weights
+
+        weights = load_weights(model, cfg)
+    copy_gbs = copy_bandwidth(4 << 30, 10)
+    results, kinds = [], []
+    steps = len(split_list) * len(depths) * len(wanted)
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("loading", total=steps)
+        for s in split_list:
+            backend = CudaBackend(cfg, weights, max_context=need, attn_splits=s, use_graph=not no_graph)
+            B.fill_cache(backend)
+            for d in depths:
+                for t in wanted:
+                    progress.update(task, description=f"{t} @ depth {d}, splits {backend.attn_splits}")
+                    if t == "pp512":
+                        results.append(B.bench_pp(backend, d, repeats))
+                    else:
+                        results.append(B.bench_tg(backend, d, repeats, not no_graph, copy_gbs))
+                    progress.advance(task)
+            if breakdown:
+                kinds = B.breakdown(backend, depths[-1])
+            del backend
+    name = str(model) if model is not None else shape
+    if as_json:
+        json.dump({"model": name, "copy_gb_s": copy_gbs, "results": [r.row() for r in results],
+                   "breakdown": kinds}, sys.stdout, indent=1)
+        print()
+        return
+    out = Console()
+    out.print(f"{name}: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads}/{cfg.num_kv_heads} heads, "
+              f"vocab {cfg.vocab_size}; device copy bandwidth {copy_gbs:,.0f} GB/s (4 GiB D2D, read + write)")
+    table = Table("test", "mode", "splits", "tok/s", "ms/token", "GB/s", "% of copy BW")
+    for r in results:
+        table.add_row(r.test, r.mode, str(r.splits), f"{r.tok_s:,.1f}", f"{r.ms_per_token:.3f}",
+                      "" if r.gb_s is None else f"{r.gb_s:,.0f}", "" if r.pct_copy is None else f"{r.pct_copy:.1f}")
+    out.print(table)
+    if kinds:
+        t2 = Table("kernel", "launches", "ms/step", "us/launch", "GB/s", "share %",
+                   title=f"one eager decode step at depth {depths[-1]}")
+        for k in kinds:
+            t2.add_row(k["kernel"], str(k["launches"]), f"{k['ms']:.3f}", f"{k['us_per_launch']:.1f}",
+                       f"{k['gb_s']:,.0f}", f"{k['share']:.1f}")
+        out.print(t2)

@@ -1,0 +1,191 @@
+"""Batch-1 speed measurement: pp (prompt), tg (generation) at depth, per-kernel breakdown."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.shapes import decode_bytes
+
+TG_TOKENS = 128
+PP_TOKENS = 512
+WARMUP = 8
+# per layer, in the order graphs.decode.step_launches emits them
+LAYER_KINDS = ("qkv_proj", "rope_kv_append", "attn_partial", "attn_combine", "o_proj", "gate_up_proj", "down_proj")
+
+
+@dataclass
+class Result:
+    test: str  # pp512 | tg128 | tg128@8192
+    mode: str  # graph | eager | prefill | replay
+    splits: int
+    tok_s: float
+    ms_per_token: float
+    gb_s: float | None  # bytes the step must read / time
+    pct_copy: float | None  # gb_s as % of the device copy bandwidth
+
+    def row(self) -> dict:
+        return asdict(self)
+
+
+class Timer:
+    """CUDA events around work queued on one stream; milliseconds."""
+
+    def __init__(self, stream):
+        import cupy as cp
+
+        self.stream = stream
+        self.start, self.end = cp.cuda.Event(), cp.cuda.Event()
+
+    def __call__(self, work: Callable[[], None]) -> float:
+        import cupy as cp
+
+        self.start.record(self.stream)
+        work()
+        self.end.record(self.stream)
+        self.end.synchronize()
+        return cp.cuda.get_elapsed_time(self.start, self.end)
+
+
+def fill_cache(backend, seed: int = 1) -> None:
+    """Random K/V everywhere, so attention at depth reads real-looking values."""
+    from kernels import ops
+
+    b = backend.bufs
+    ops.fill_bf16(b.k_cache, seed, 1.0, stream=backend.stream)
+    ops.fill_bf16(b.v_cache, seed + 1, 1.0, stream=backend.stream)
+    backend.stream.synchronize()
+
+
+def set_position(backend, depth: int, prompt_tokens: int = 1) -> None:
+    """Continue as if `depth` tokens were already cached; the next prompt_tokens - 1 steps read the
+    prompt buffer, the rest sample greedily."""
+    from graphs.buffers import STATE_DTYPE
+
+    b = backend.bufs
+    b.write_state(backend.stream, [1])
+    for field, value in (("pos", depth), ("prompt_len", depth + prompt_tokens)):
+        off = STATE_DTYPE.fields[field][1]
+        b.state[off: off + 4].set(np.array([value], np.int32).view(np.uint8), stream=backend.stream)
+    backend.stream.synchronize()
+
+
+def bench_tg(backend, depth: int, repeats: int, graph: bool, copy_gbs: float) -> Result:
+    cfg: ModelConfig = backend.cfg
+    run = backend.step if graph else backend.step.eager
+    timer = Timer(backend.stream)
+
+    def tokens(n):
+        for _ in range(n):
+            run()
+
+    set_position(backend, depth)
+    timer(lambda: tokens(WARMUP))
+    times = []
+    for _ in range(repeats):
+        set_position(backend, depth)
+        times.append(timer(lambda: tokens(TG_TOKENS)))
+    ms = statistics.median(times) / TG_TOKENS
+    nbytes = decode_bytes(cfg, depth + TG_TOKENS // 2 + 1)
+    gbs = nbytes / (ms * 1e-3) / 1e9
+    name = f"tg{TG_TOKENS}" + (f"@{depth}" if depth else "")
+    return Result(name, "graph" if graph else "eager", backend.attn_splits, 1e3 / ms, ms, gbs,
+                  100 * gbs / copy_gbs)
+
+
+def bench_pp(backend, depth: int, repeats: int) -> Result:
+    """Prompt processing of PP_TOKENS tokens after `depth` cached ones (batched prefill when available)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, backend.cfg.vocab_size, PP_TOKENS).tolist()
+    timer = Timer(backend.stream)
+    prefill = getattr(backend, "prefill", None)
+    if prefill is not None:
+        mode = "prefill"
+
+        def work():
+            prefill.run(ids, start=depth)
+    else:
+        mode = "replay"  # one decode-step replay per prompt token
+
+        def work():
+            for _ in ids:
+                backend.step()
+
+    def prepare():
+        if prefill is None:
+            set_position(backend, depth, PP_TOKENS)
+
+    prepare()
+    timer(work)
+    times = []
+    for _ in range(repeats):
+        prepare()
+        times.append(timer(work))
+    ms = statistics.median(times)
+    name = f"pp{PP_TOKENS}" + (f"@{depth}" if depth else "")
+    return Result(name, mode, backend.attn_splits, PP_TOKENS / (ms * 1e-3), ms / PP_TOKENS, None, None)
+
+
+def kernel_kinds(cfg: ModelConfig, n_launches: int) -> list[str]:
+    kinds = ["embed"] + list(LAYER_KINDS) * cfg.num_layers + ["lm_head", "sample"]
+    if len(kinds) != n_launches:
+        raise RuntimeError(f"decode step has {n_launches} launches, breakdown expects {len(kinds)}")
+    return kinds
+
+
+def kind_bytes(cfg: ModelConfig, nkv: int, splits: int) -> dict[str, int]:
+    """Bytes each kernel kind reads + writes per step (summed over layers)."""
+    h, q, kv, i, L = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.num_layers
+    part = cfg.num_heads * splits * (cfg.head_dim + 2) * 4
+    return {
+        "embed": 2 * h + 4 * h,
+        "qkv_proj": L * (2 * (q + 2 * kv) * h + 4 * (q + 2 * kv)),
+        "rope_kv_append": L * (4 * (q + 2 * kv) + 2 * 2 * kv),
+        "attn_partial": L * (2 * 2 * kv * nkv + 4 * q + part),
+        "attn_combine": L * (part + 4 * q),
+        "o_proj": L * 2 * h * q,
+        "gate_up_proj": L * 2 * 2 * i * h,
+        "down_proj": L * 2 * h * i,
+        "lm_head": 2 * cfg.vocab_size * h + 4 * cfg.vocab_size,
+        "sample": 8 * cfg.vocab_size,
+    }
+
+
+def breakdown(backend, depth: int, repeats: int = 5) -> list[dict]:
+    """Median time per kernel kind for one eager decode step at `depth`, sorted by time."""
+    import cupy as cp
+
+    cfg, s = backend.cfg, backend.stream
+    launches = backend.step.launches
+    kinds = kernel_kinds(cfg, len(launches))
+    events = [cp.cuda.Event() for _ in range(len(launches) + 1)]
+    per_kind: dict[str, list[float]] = {}
+    for r in range(repeats + 1):
+        set_position(backend, depth)
+        events[0].record(s)
+        for j, launch in enumerate(launches):
+            launch(s)
+            events[j + 1].record(s)
+        events[-1].synchronize()
+        if r == 0:
+            continue  # warm-up
+        totals: dict[str, float] = {}
+        for j, kind in enumerate(kinds):
+            totals[kind] = totals.get(kind, 0.0) + cp.cuda.get_elapsed_time(events[j], events[j + 1])
+        for kind, t in totals.items():
+            per_kind.setdefault(kind, []).append(t)
+    nbytes = kind_bytes(cfg, depth + 1, backend.attn_splits)
+    count = {k: kinds.count(k) for k in set(kinds)}
+    rows = []
+    for kind, ts in per_kind.items():
+        ms = statistics.median(ts)
+        rows.append({"kernel": kind, "launches": count[kind], "ms": ms, "us_per_launch": 1e3 * ms / count[kind],
+                     "gb_s": nbytes[kind] / (ms * 1e-3) / 1e9})
+    total = sum(r["ms"] for r in rows)
+    for r in rows:
+        r["share"] = 100 * r["ms"] / total
+    return sorted(rows, key=lambda r: -r["ms"])
