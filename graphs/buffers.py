@@ -163,6 +163,7 @@ class DecodeBuffers:
         self.attn = cp.zeros(cfg.q_size, f32)
         self.act = cp.zeros(cfg.intermediate_size, f32)
         self.logits = cp.zeros(cfg.vocab_size, f32)
+        self.amax = cp.zeros(1, cp.uint64)  # packed argmax of the logits; the sampler resets it
         self.pm = cp.zeros((nh, attn_splits), f32)
         self.pl = cp.zeros((nh, attn_splits), f32)
         self.pacc = cp.zeros((nh, attn_splits, hd), f32)

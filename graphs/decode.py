@@ -32,8 +32,9 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, pdl: boo
                      eps=eps, pdl=pdl),
             ops.gemv(lw.w_down, b.act, b.x, h, cfg.intermediate_size, epi=ops.EPI_ADD, pdl=pdl),
         ]
-    out.append(ops.gemv(w.lm_head, b.x, b.logits, cfg.vocab_size, h, gamma=w.final_norm, eps=eps, pdl=pdl))
-    out.append(ops.sample(b.logits, b.state, b.prompt, b.ring_dev, b.scratch_z, b.scratch_i,
+    out.append(ops.gemv(w.lm_head, b.x, b.logits, cfg.vocab_size, h, gamma=w.final_norm, eps=eps, amax=b.amax,
+                        pdl=pdl))
+    out.append(ops.sample(b.logits, b.amax, b.state, b.prompt, b.ring_dev, b.scratch_z, b.scratch_i,
                           vocab=cfg.vocab_size, max_ctx=ctx, pdl=pdl))
     return out
 

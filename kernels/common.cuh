@@ -58,6 +58,21 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return r;
 }
 
+// order-preserving uint32 key of a float (-0 and +0 share one key)
+__device__ __forceinline__ unsigned key_of(float z) {
+    const unsigned u = __float_as_uint(z + 0.0f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float val_of(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// argmax packed for atomicMax: the larger value wins, then the lower index
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+    return ((unsigned long long)key_of(v) << 32) | (0xffffffffu - (unsigned)i);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -2,11 +2,13 @@
 // NORM fuses the preceding RMSNorm: each warp reads all of x anyway, so it sums x^2 on the way
 // and scales its dot product by 1/rms at the end. EPI: 0 store (+ bias), 1 y += Wx (residual),
 // 2 y = silu(gate) * up with gate rows [0, n_out) and up rows [n_out, 2 n_out).
+// ARGMAX (with EPI 0) also folds each row into *amax (argmax_key) for the greedy sampler, which
+// resets it; a row whose key is below the current one skips the atomic.
 // budget: gemv=128
 // defines: K=4096 EPI=0 NORM=1 BIAS=1
 // defines: K=14336 EPI=1 NORM=0 BIAS=0 SPLITK=4
 // defines: K=4096 EPI=2 NORM=1 BIAS=0
-// defines: K=576 EPI=0 NORM=1 BIAS=0
+// defines: K=576 EPI=0 NORM=1 BIAS=0 ARGMAX=1
 // defines: K=64 EPI=2 NORM=1 BIAS=0
 #include "common.cuh"
 
@@ -15,6 +17,9 @@
 #endif
 #ifndef MINB
 #define MINB 2
+#endif
+#ifndef ARGMAX
+#define ARGMAX 0
 #endif
 #ifndef SPLITK
 #define SPLITK 1
@@ -62,7 +67,8 @@ __device__ __forceinline__ float4 mul4(float4 a, float4 b) {
 // MINB caps registers so that ptxas keeps all U loads of a batch in flight
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
-     const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps)
+     const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
+     unsigned long long* __restrict__ amax)
 {
     pdl_enter();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -125,6 +131,10 @@ gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __res
     }
     if (lane != 0) return;
     if (EPI == 0) y[row] = BIAS ? acc0 + bias[row] : acc0;
+    if (ARGMAX) {
+        const unsigned long long key = argmax_key(BIAS ? acc0 + bias[row] : acc0, row);
+        if (key > *(volatile unsigned long long*)amax) atomicMax(amax, key);
+    }
     if (EPI == 1) y[row] += acc0;
     if (EPI == 2) y[row] = acc0 / (1.0f + expf(-acc0)) * acc1;
 }

@@ -41,15 +41,18 @@ def gemv_splitk(n_out: int, k: int, rows: int = 1) -> int:
 
 
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: int = EPI_STORE, eps: float = 0.0,
-         splitk: int | None = None, minb: int = GEMV_MINB, pdl: bool = False) -> Launch:
-    """y[n_out] (=, += or silu-gated) W x with W [rows, k] bf16; gamma fuses the RMSNorm of x."""
+         amax=None, splitk: int | None = None, minb: int = GEMV_MINB, pdl: bool = False) -> Launch:
+    """y[n_out] (=, += or silu-gated) W x with W [rows, k] bf16; gamma fuses the RMSNorm of x.
+
+    amax (a uint64 device word, EPI_STORE only) also receives the packed argmax of y.
+    """
     if splitk is None:
         splitk = gemv_splitk(n_out, k)
     mod = module("gemv", K=k, EPI=epi, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
-                 MINB=minb)
+                 MINB=minb, ARGMAX=int(amax is not None))
     grid = math.ceil(n_out / (GEMV_WARPS // splitk))
-    return mod.function("gemv", "PPPPPif").prepare(grid, GEMV_WARPS * 32, [w, x, gamma, bias, y, n_out, eps],
-                                                    pdl=pdl)
+    return mod.function("gemv", "PPPPPifP").prepare(grid, GEMV_WARPS * 32,
+                                                     [w, x, gamma, bias, y, n_out, eps, amax], pdl=pdl)
 
 
 def embed(table, state, x, vocab: int, hidden: int, pdl: bool = False) -> Launch:
@@ -80,11 +83,11 @@ def attn_combine(pm, pl, pacc, out, *, nh: int, hd: int, splits: int, pdl: bool 
         math.ceil(nh / COMBINE_WARPS), COMBINE_WARPS * 32, [pm, pl, pacc, out, nh, splits], pdl=pdl)
 
 
-def sample(logits, state, prompt, ring, scratch_z, scratch_i, *, vocab: int, max_ctx: int,
+def sample(logits, amax, state, prompt, ring, scratch_z, scratch_i, *, vocab: int, max_ctx: int,
            pdl: bool = False) -> Launch:
     mod = module("sample", BLOCK=SAMPLE_BLOCK, CAP=SAMPLE_CAP)
-    return mod.function("sample", "PPPPPPii").prepare(
-        1, SAMPLE_BLOCK, [logits, state, prompt, ring, scratch_z, scratch_i, vocab, max_ctx], pdl=pdl)
+    return mod.function("sample", "PPPPPPPii").prepare(
+        1, SAMPLE_BLOCK, [logits, amax, state, prompt, ring, scratch_z, scratch_i, vocab, max_ctx], pdl=pdl)
 
 
 def _fill(name: str, out, seed: int, scale: float, offset: float, stream=None):

@@ -12,15 +12,6 @@
 #define CUT 24.0f
 #define NO_CUT 0x7fffffff
 
-__device__ __forceinline__ unsigned key_of(float z) {
-    const unsigned u = __float_as_uint(z + 0.0f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ float val_of(unsigned k) {
-    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
 __device__ __forceinline__ float rng_u(unsigned long long seed, unsigned long long step, unsigned long long i) {
     unsigned long long x = seed * 0x9E3779B97F4A7C15ull + step * 0xD1B54A32D192ED03ull + i;
     x ^= x >> 30;
@@ -35,12 +26,14 @@ __device__ __forceinline__ float log_rn(float x) { return (float)log((double)x);
 
 __device__ int count_ge(const float* z, int n, unsigned t, Scratch& s) {
     int c = 0;
+#pragma unroll 4
     for (int j = threadIdx.x; j < n; j += BLOCK) c += key_of(z[j]) >= t;
     return block_sum_int(c, s);
 }
 
 __device__ float mass_ge(const float* z, int n, unsigned t, float m, Scratch& s) {
     float a = 0.f;
+#pragma unroll 4
     for (int j = threadIdx.x; j < n; j += BLOCK)
         if (key_of(z[j]) >= t) a += expf(z[j] - m);
     return block_sum(a, s);
@@ -49,18 +42,19 @@ __device__ float mass_ge(const float* z, int n, unsigned t, float m, Scratch& s)
 // ties at key t with index <= c
 __device__ int count_tied(const float* z, const int* idx, int n, unsigned t, int c, Scratch& s) {
     int k = 0;
+#pragma unroll 4
     for (int j = threadIdx.x; j < n; j += BLOCK) k += key_of(z[j]) == t && idx[j] <= c;
     return block_sum_int(k, s);
 }
 
-__device__ int draw(const float* __restrict__ logits, const DecodeState* st, float temp, float* cz, int* ci,
-                    float* gz, int* gi, int vocab, Scratch& s) {
-    float mz = NEG_INF;
-    for (int i = threadIdx.x; i < vocab; i += BLOCK) mz = fmaxf(mz, __fdiv_rn(logits[i], temp));
-    const float m = block_max(mz, s);
+// lmax: the largest logit (division by temp > 0 keeps the order and rounds monotonically)
+__device__ int draw(const float* __restrict__ logits, const DecodeState* st, float temp, float lmax, float* cz,
+                    int* ci, float* gz, int* gi, int vocab, Scratch& s) {
+    const float m = __fdiv_rn(lmax, temp);
     const float cut = m - CUT;
     int c = 0;
     float sa = 0.f;
+#pragma unroll 8
     for (int i = threadIdx.x; i < vocab; i += BLOCK) {
         const float zi = __fdiv_rn(logits[i], temp);
         c += zi >= cut;
@@ -156,11 +150,12 @@ __device__ int draw(const float* __restrict__ logits, const DecodeState* st, flo
     return block_argmax(best, bi, s);
 }
 
-// logits: [vocab] f32; prompt: [max_ctx]; ring: host-mapped [ring_mask + 1];
-// scratch_z, scratch_i: [vocab] for candidate sets larger than CAP
+// logits: [vocab] f32; amax: argmax_key of the logits, folded in by the lm_head GEMV, reset here;
+// prompt: [max_ctx]; ring: host-mapped [ring_mask + 1]; scratch_z, scratch_i: [vocab], used when
+// more than CAP candidates pass the cut
 extern "C" __global__ void __launch_bounds__(BLOCK)
-sample(const float* __restrict__ logits, DecodeState* st, const int* __restrict__ prompt, int* ring,
-       float* scratch_z, int* scratch_i, int vocab, int max_ctx)
+sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* st, const int* __restrict__ prompt,
+       int* ring, float* scratch_z, int* scratch_i, int vocab, int max_ctx)
 {
     __shared__ Scratch s;
     __shared__ float cz[CAP];
@@ -169,20 +164,19 @@ sample(const float* __restrict__ logits, DecodeState* st, const int* __restrict_
     const int pos = st->pos;
     const float temp = st->temperature;
     const bool in_prompt = pos + 1 < st->prompt_len;
+    const unsigned long long best = *amax;
     int next;
     if (in_prompt) {
         next = prompt[pos + 1];
     } else if (!(temp > 0.f)) {
-        float best = NEG_INF;
-        int bi = NO_CUT;
-        for (int i = threadIdx.x; i < vocab; i += BLOCK) better(best, bi, logits[i], i);
-        next = block_argmax(best, bi, s);
+        next = best ? (int)(0xffffffffu - (unsigned)best) : 0;
     } else {
-        next = draw(logits, st, temp, cz, ci, scratch_z, scratch_i, vocab, s);
+        next = draw(logits, st, temp, val_of((unsigned)(best >> 32)), cz, ci, scratch_z, scratch_i, vocab, s);
     }
-    if (next == NO_CUT) next = 0;
+    next = min(max(next, 0), vocab - 1);
     __syncthreads();
     if (threadIdx.x == 0) {
+        *amax = 0ull;
         st->token = next;
         st->pos = min(pos + 1, max_ctx);
         if (!in_prompt) st->step += 1;

@@ -255,14 +255,15 @@ def test_bench_print():
         del ws
     for name in ("llama3-8b", "qwen2.5-0.5b"):
         cfg = shape(name)
-        for pdl in (False, True):
+        for pdl, params in [(False, GREEDY), (True, GREEDY), (False, SamplingParams(seed=1))]:
             be = backend(cfg, None, max_context=4096, pdl=pdl)
-            be.start([1, 2, 3, 4], GREEDY)
+            be.start([1, 2, 3, 4], params, 1)
             be.replay(16)
             t = _median_seconds(cp, be.stream, be.step, 128, trials=3)
             nkv = int(be.device_state()["pos"])
             gbs = decode_bytes(cfg, nkv) / t / 1e9
-            print(f"{name} random weights, greedy, pdl={pdl}: {1 / t:.1f} tok/s, {t * 1e3:.3f} ms/token, "
+            how = "greedy" if params.greedy else "T=0.8 top-k 40 top-p 0.95"
+            print(f"{name} random weights, {how}, pdl={pdl}: {1 / t:.1f} tok/s, {t * 1e3:.3f} ms/token, "
                   f"{gbs:.0f} GB/s ({gbs / copy_bw:.0%} of copy), {len(be.step.launches)} launches")
             del be
             cp.get_default_memory_pool().free_all_blocks()

@@ -55,6 +55,15 @@ def state(cp, **fields):
     return cp.asarray(st.view(np.uint8))
 
 
+def amax_of(x):
+    """The packed argmax word the lm_head GEMV leaves for the sampler (value key, then lowest index)."""
+    u = np.asarray(x, np.float32) + np.float32(0)
+    u = u.view(np.uint32).astype(np.uint64)
+    key = np.where(u & 0x80000000, ~u & 0xFFFFFFFF, u | 0x80000000)
+    i = int(np.argmax(x))
+    return np.array([(int(key[i]) << 32) | (0xFFFFFFFF - i)], np.uint64)
+
+
 def run(cp, launch):
     launch(None)
     cp.cuda.get_current_stream().synchronize()
@@ -101,9 +110,12 @@ def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk):
         gate, up = full[:n_out], full[n_out:]
         ref = gate / (1 + np.exp(-gate)) * up
     y = cp.asarray(y0) if epi == ops.EPI_ADD else cp.full(n_out, np.nan, cp.float32)
+    amax = cp.zeros(1, cp.uint64) if epi == ops.EPI_STORE else None
     launch = ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
-                      bias=cp.asarray(b) if bias else None, epi=epi, eps=eps, splitk=splitk)
+                      bias=cp.asarray(b) if bias else None, epi=epi, eps=eps, amax=amax, splitk=splitk)
     run(cp, launch)
+    if amax is not None:
+        assert amax.get()[0] == amax_of(y.get())[0]
     err = rel(y.get(), ref)
     print(f"gemv {n_out}x{k} epi={epi} norm={norm}: rel err {err:.2e}")
     assert err < FP32_TOL
@@ -231,7 +243,9 @@ def _sampler(cp, vocab, max_ctx=64):
 
 def _draw(cp, parts, st, vocab, max_ctx=64):
     logits, prompt, ring, sz, si, ops = parts
-    run(cp, ops.sample(logits, st, prompt, ring, sz, si, vocab=vocab, max_ctx=max_ctx))
+    amax = cp.asarray(amax_of(logits.get()))
+    run(cp, ops.sample(logits, amax, st, prompt, ring, sz, si, vocab=vocab, max_ctx=max_ctx))
+    assert amax.get()[0] == 0, "the sampler resets the argmax word"
     return st.get().view(STATE_DTYPE)[0]
 
 
