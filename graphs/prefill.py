@@ -1,0 +1,162 @@
+"""Batched prefill: the prompt runs through the model a chunk at a time and fills the KV cache.
+
+Per chunk of T tokens and per layer: RMSNorm -> fused QKV GEMM -> bias, q/k norm, RoPE and the
+K/V append -> causal flash attention over the cache -> output GEMM (+= residual) -> RMSNorm ->
+fused gate/up GEMM -> SiLU gate -> down GEMM (+= residual). The residual stream is fp32, the GEMM
+inputs bf16, the GEMMs cuBLAS on tensor cores with fp32 accumulation.
+
+The decode step then continues from the cache: `ready` prefills all but the last prompt token
+and points the device state at that one, so the captured step runs it and samples its successor.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.errors import GDecodeError
+from graphs.buffers import STATE_DTYPE, DecodeBuffers, DeviceWeights
+from kernels import ops
+from kernels import prefill_ops as pops
+
+
+class _Layer:
+    def __init__(self, norm1, qkv, rope, attn, wo, norm2, gate_up, silu, down):
+        self.norm1, self.qkv, self.rope, self.attn, self.wo = norm1, qkv, rope, attn, wo
+        self.norm2, self.gate_up, self.silu, self.down = norm2, gate_up, silu, down
+
+
+class Prefill:
+    """Fills `bufs`' KV cache for runs of prompt tokens, `chunk` positions per pass, on `stream`.
+
+    Scratch for one chunk is allocated here, once; `run` allocates nothing.
+    """
+
+    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, bufs: DecodeBuffers, stream, chunk: int = 512):
+        import cupy as cp
+
+        h, hd, nh, nkv, inter = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
+        if hd % 16 or hd > 128 or h % 8 or inter % 4 or nh // nkv > 16 * pops.ATTN_WARPS:
+            raise GDecodeError(f"batched prefill needs head_dim a multiple of 16 up to 128, hidden size a multiple "
+                               f"of 8, intermediate size a multiple of 4 (got {hd}, {h}, {inter})")
+        if chunk < 1:
+            raise ValueError("chunk must be at least 1")
+        self.cfg, self.weights, self.bufs, self.stream, self.chunk = cfg, weights, bufs, stream, chunk
+        n_qkv = cfg.q_size + 2 * cfg.kv_size
+        with stream:
+            # rows: [chunk, width]; x is the fp32 residual, the rest GEMM inputs (bf16) or outputs (fp32)
+            self.x = cp.zeros((chunk, h), cp.float32)
+            self.xn = cp.zeros((chunk, h), cp.uint16)
+            self.qkv = cp.zeros((chunk, n_qkv), cp.float32)
+            self.q = cp.zeros((chunk, cfg.q_size), cp.uint16)
+            self.attn = cp.zeros((chunk, cfg.q_size), cp.uint16)
+            self.gu = cp.zeros((chunk, 2 * inter), cp.float32)
+            self.act = cp.zeros((chunk, inter), cp.uint16)
+            self.logits = cp.zeros(cfg.vocab_size, cp.float32)
+        stream.synchronize()
+        eps, ctx = cfg.rms_norm_eps, bufs.max_context
+        self.embed = pops.embed_rows(weights.embed, bufs.prompt, self.x, chunk=chunk, hidden=h, vocab=cfg.vocab_size)
+        self.layers = []
+        for i, lw in enumerate(weights.layers):
+            k_cache, v_cache = bufs.layer_cache(i)
+            self.layers.append(_Layer(
+                pops.rms_rows(self.x, lw.attn_norm, self.xn, chunk=chunk, hidden=h, eps=eps),
+                pops.Gemm(lw.wqkv, self.xn, self.qkv, n_qkv, h),
+                pops.rope_rows(self.qkv, lw.bqkv, lw.q_norm, lw.k_norm, bufs.cos, bufs.sin, self.q, k_cache, v_cache,
+                               chunk=chunk, nh=nh, nkv=nkv, hd=hd, max_ctx=ctx, eps=eps),
+                pops.prefill_attn(self.q, k_cache, v_cache, self.attn, chunk=chunk, nh=nh, nkv=nkv, hd=hd,
+                                  max_ctx=ctx),
+                pops.Gemm(lw.wo, self.attn, self.x, h, cfg.q_size, accumulate=True),
+                pops.rms_rows(self.x, lw.mlp_norm, self.xn, chunk=chunk, hidden=h, eps=eps),
+                pops.Gemm(lw.w_gate_up, self.xn, self.gu, 2 * inter, h),
+                pops.silu_rows(self.gu, self.act, chunk=chunk, inter=inter),
+                pops.Gemm(lw.w_down, self.act, self.x, h, inter, accumulate=True),
+            ))
+        self._handle = pops.cublas_handle(stream)
+
+    def check(self, n: int, start: int) -> None:
+        """Raise GDecodeError unless positions start..start+n-1 fit in the KV cache."""
+        if start < 0 or start + n > self.bufs.max_context:
+            raise GDecodeError(f"a prompt of {n} tokens at position {start} does not fit the context of "
+                               f"{self.bufs.max_context} positions")
+
+    def run(self, ids, start: int = 0, logits: bool = False):
+        """Write the K/V of tokens `ids` at positions start..start+len(ids)-1 into the cache.
+
+        With logits=True the last layer runs in full and the fp32 logits of the last token are
+        left in `self.logits` (returned); otherwise the last layer stops after its K/V append.
+        """
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        n = ids.size
+        self.check(n, start)
+        if n == 0:
+            if logits:
+                raise GDecodeError("no tokens to compute logits for")
+            return None
+        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+            raise GDecodeError(f"token id out of range [0, {self.cfg.vocab_size})")
+        s = self.stream
+        with s:
+            self._handle = pops.cublas_handle(s)
+            self.bufs.prompt[start : start + n].set(ids.astype(np.int32), stream=s)
+            for c0 in range(0, n, self.chunk):
+                t = min(self.chunk, n - c0)
+                self._chunk(start + c0, t, full=logits and c0 + t == n)
+            if not logits:
+                return None
+            row = self.x[t - 1]
+            ops.gemv(self.weights.lm_head, row, self.logits, self.cfg.vocab_size, self.cfg.hidden_size,
+                     gamma=self.weights.final_norm, eps=self.cfg.rms_norm_eps)(s)
+        return self.logits
+
+    def _chunk(self, pos0: int, t: int, full: bool):
+        s, h = self.stream, self._handle
+        self.embed(s, pos0, t)
+        last = len(self.layers) - 1
+        for i, ly in enumerate(self.layers):
+            ly.norm1(s, pos0, t)
+            ly.qkv(h, t)
+            ly.rope(s, pos0, t)
+            if i == last and not full:
+                break  # the last layer's output only feeds the logits
+            ly.attn(s, pos0, t)
+            ly.wo(h, t)
+            ly.norm2(s, pos0, t)
+            ly.gate_up(h, t)
+            ly.silu(s, pos0, t)
+            ly.down(h, t)
+
+    def ready(self, ids) -> None:
+        """After `bufs.write_state(ids, ...)`: prefill ids[:-1] and set the state to token ids[-1] at
+        position n - 1, so the next decode step runs the last prompt token and samples its successor."""
+        n = len(ids)
+        self.check(n, 0)
+        if n > 1:
+            self.run(ids[:-1])
+        at = STATE_DTYPE.fields["token"][1]
+        assert STATE_DTYPE.fields["pos"][1] == at + 4
+        self.bufs.state[at : at + 8].set(np.array([ids[-1], n - 1], np.int32).view(np.uint8), stream=self.stream)
+
+
+_PREFILLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def prefill_for(backend) -> Prefill:
+    """The backend's own Prefill (its `prefill` attribute), else one made for it once."""
+    pf = getattr(backend, "prefill", None)
+    if isinstance(pf, Prefill):
+        return pf
+    if backend not in _PREFILLS:
+        _PREFILLS[backend] = Prefill(backend.cfg, backend.weights, backend.bufs, backend.stream)
+    return _PREFILLS[backend]
+
+
+def prefill_then_decode_ready(backend, ids, params=None, seed: int = 0) -> Prefill:
+    """Start a request on a CudaBackend with its prompt prefilled in batch: the next `backend.step()`
+    runs the last prompt token at position len(ids) - 1 and samples the first new token."""
+    backend.start(ids, params, seed)
+    pf = prefill_for(backend)
+    pf.ready([int(t) for t in ids])
+    return pf
