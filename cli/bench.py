@@ -78,6 +78,8 @@ def bench(
             backend = CudaBackend(cfg, weights, max_context=need, attn_splits=s, use_graph=not no_graph)
             B.fill_cache(backend)
             for d in depths:
+                progress.update(task, description=f"prefilling {d} tokens of depth")
+                B.fill_depth(backend, d)
                 for t in wanted:
                     progress.update(task, description=f"{t} @ depth {d}, splits {backend.attn_splits}")
                     if t == "pp512":

@@ -16,8 +16,9 @@ IN_FLIGHT = 8  # replays queued ahead of the token being read
 
 
 def default_splits(cfg: ModelConfig, sms: int) -> int:
-    """Attention splits: at least two blocks per SM over the kv heads, a multiple of 8 in [32, 128]."""
-    s = max(32, -(-2 * sms // cfg.num_kv_heads))
+    """Attention splits at long contexts: four blocks per SM over the kv heads, a multiple of 8 in
+    [32, 128]. Short contexts use fewer (the attention kernel derives them from nkv)."""
+    s = max(32, -(-4 * sms // cfg.num_kv_heads))
     return min(128, -(-s // 8) * 8)
 
 
@@ -27,11 +28,12 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights | None, max_context: int | None = None,
-                 attn_splits: int | None = None, use_graph: bool = True, pdl: bool = False, seed: int = 0):
+                 attn_splits: int | None = None, use_graph: bool = True, pdl: bool = True, seed: int = 0):
         import cupy as cp
 
         from graphs.buffers import DecodeBuffers, DeviceWeights, fit_context
         from graphs.decode import DecodeStep
+        from graphs.prefill import Prefill
         from kernels import ops
         from kernels.cuda import init, shared_stream
 
@@ -49,12 +51,18 @@ class CudaBackend:
             self.max_context = fit_context(cfg, max_context, free)
             self.attn_splits = attn_splits or default_splits(cfg, ops.sm_count())
             self.bufs = DecodeBuffers(cfg, self.max_context, self.attn_splits, RING)
+            try:
+                self.prefill = Prefill(cfg, self.weights, self.bufs, stream)
+            except GDecodeError:
+                self.prefill = None  # a head size the prefill kernels don't cover: replay the prompt
             stream.synchronize()
         self.step = DecodeStep(cfg, self.weights, self.bufs, stream, use_graph, pdl)
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(RING)]
 
-    def start(self, prompt_ids, params: SamplingParams | None = None, seed: int = 0) -> None:
-        """Load a prompt and sampling parameters into the device state (position 0)."""
+    def start(self, prompt_ids, params: SamplingParams | None = None, seed: int = 0, prefill: bool = False) -> int:
+        """Load a prompt and sampling parameters into the device state (position 0); with prefill,
+        the first n-1 prompt tokens go through the batched prefill and the state points at the last.
+        Returns the position the next replay runs."""
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise GDecodeError("the prompt is empty")
@@ -65,6 +73,10 @@ class CudaBackend:
         p = params or SamplingParams(temperature=0.0)
         self.stream.synchronize()
         self.bufs.write_state(self.stream, ids, p.temperature, p.top_k, p.top_p, seed)
+        if prefill and self.prefill is not None and len(ids) > 1:
+            self.prefill.ready(ids)
+            return len(ids) - 1
+        return 0
 
     def replay(self, n: int = 1) -> None:
         """Queue n decode steps (no host copy between them)."""
@@ -83,14 +95,13 @@ class CudaBackend:
     def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int) -> Iterator[int]:
         """Yield up to max_new_tokens sampled ids; stops early at the context limit.
 
-        The prompt is fed by replays too: step j runs position j, and while j + 1 < len(prompt)
-        its next token is the prompt's. Up to IN_FLIGHT replays are queued ahead of the token
+        The first n-1 prompt tokens are prefilled in batch; the first replay runs the last prompt
+        token at position n-1 and samples. Up to IN_FLIGHT replays are queued ahead of the token
         being read from the host ring.
         """
         n = len(prompt_ids)
-        self.start(prompt_ids, params, params.seed or 0)
+        issued = self.start(prompt_ids, params, params.seed or 0, prefill=True)
         end = min(n - 1 + max_new_tokens, self.max_context)
-        issued = 0
         try:
             for j in range(n - 1, end):
                 while issued < end and issued <= j + IN_FLIGHT:
