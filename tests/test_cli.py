@@ -128,3 +128,30 @@ def test_stop_matcher(pieces, stops, want, hit):
     if not got_hit:
         out += m.push("", final=True)[0]
     assert out == want and got_hit == hit
+
+
+def _rewrite_checkpoint(src: Path, dst: Path, edit) -> Path:
+    from safetensors.numpy import load_file, save_file
+
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(dst / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+def test_missing_tensor(tmp_path, tiny):
+    d = _rewrite_checkpoint(tiny, tmp_path / "m", lambda t: t.pop("model.layers.1.mlp.down_proj.weight"))
+    assert_one_line_error(gdecode("generate", "x", "--model", d, "--backend", "numpy"),
+                          "model.layers.1.mlp.down_proj.weight", "model.safetensors")
+
+
+def test_wrong_shape(tmp_path, tiny):
+    def edit(t):
+        name = "model.layers.0.self_attn.q_proj.weight"
+        t[name] = t[name][:-1]
+
+    d = _rewrite_checkpoint(tiny, tmp_path / "m", edit)
+    assert_one_line_error(gdecode("info", "--model", d), "model.layers.0.self_attn.q_proj.weight")
