@@ -14,8 +14,14 @@ from engine.shapes import decode_bytes
 TG_TOKENS = 128
 PP_TOKENS = 512
 WARMUP = 8
-# per layer, in the order graphs.decode.step_launches emits them
-LAYER_KINDS = ("qkv_proj", "rope_kv_append", "attn_partial", "attn_combine", "o_proj", "gate_up_proj", "down_proj")
+# per layer, in the order graphs.decode.step_launches emits them, by launches per layer: the fused
+# step (RoPE and the K/V append in qkv_proj, the combine in attn_partial), with a separate
+# rope_kv_append for per-head q/k norms, and the unfused step
+LAYER_KINDS = {
+    5: ("qkv_proj", "attn_partial", "o_proj", "gate_up_proj", "down_proj"),
+    6: ("qkv_proj", "rope_kv_append", "attn_partial", "o_proj", "gate_up_proj", "down_proj"),
+    7: ("qkv_proj", "rope_kv_append", "attn_partial", "attn_combine", "o_proj", "gate_up_proj", "down_proj"),
+}
 
 
 @dataclass
@@ -61,6 +67,15 @@ def fill_cache(backend, seed: int = 1) -> None:
     backend.stream.synchronize()
 
 
+def fill_depth(backend, depth: int, seed: int = 2) -> None:
+    """Put `depth` real tokens in the cache through the batched prefill (random ids), when there is one."""
+    if depth == 0 or backend.prefill is None:
+        return
+    ids = np.random.default_rng(seed).integers(0, backend.cfg.vocab_size, depth).tolist()
+    backend.prefill.run(ids)
+    backend.stream.synchronize()
+
+
 def set_position(backend, depth: int, prompt_tokens: int = 1) -> None:
     """Continue as if `depth` tokens were already cached; the next prompt_tokens - 1 steps read the
     prompt buffer, the rest sample greedily."""
@@ -102,7 +117,7 @@ def bench_pp(backend, depth: int, repeats: int) -> Result:
     rng = np.random.default_rng(0)
     ids = rng.integers(0, backend.cfg.vocab_size, PP_TOKENS).tolist()
     timer = Timer(backend.stream)
-    prefill = getattr(backend, "prefill", None)
+    prefill = backend.prefill
     if prefill is not None:
         mode = "prefill"
 
@@ -131,21 +146,26 @@ def bench_pp(backend, depth: int, repeats: int) -> Result:
 
 
 def kernel_kinds(cfg: ModelConfig, n_launches: int) -> list[str]:
-    kinds = ["embed"] + list(LAYER_KINDS) * cfg.num_layers + ["lm_head", "sample"]
-    if len(kinds) != n_launches:
-        raise RuntimeError(f"decode step has {n_launches} launches, breakdown expects {len(kinds)}")
-    return kinds
+    per_layer, rest = divmod(n_launches - 3, cfg.num_layers)
+    if rest or per_layer not in LAYER_KINDS:
+        raise RuntimeError(f"decode step has {n_launches} launches, breakdown expects 3 + "
+                           f"({' or '.join(map(str, LAYER_KINDS))}) x {cfg.num_layers}")
+    return ["embed"] + list(LAYER_KINDS[per_layer]) * cfg.num_layers + ["lm_head", "sample"]
 
 
 def kind_bytes(cfg: ModelConfig, nkv: int, splits: int) -> dict[str, int]:
     """Bytes each kernel kind reads + writes per step (summed over layers)."""
     h, q, kv, i, L = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.num_layers
+    from kernels.ops import ATTN_MIN_CHUNK
+
+    # partials of the splits in use (the fused attention derives their count from nkv)
     part = cfg.num_heads * splits * (cfg.head_dim + 2) * 4
+    fused_part = cfg.num_heads * min(splits, -(-nkv // ATTN_MIN_CHUNK)) * (cfg.head_dim + 2) * 4
     return {
         "embed": 2 * h + 4 * h,
         "qkv_proj": L * (2 * (q + 2 * kv) * h + 4 * (q + 2 * kv)),
         "rope_kv_append": L * (4 * (q + 2 * kv) + 2 * 2 * kv),
-        "attn_partial": L * (2 * 2 * kv * nkv + 4 * q + part),
+        "attn_partial": L * (2 * 2 * kv * nkv + 4 * q + 2 * fused_part + 4 * q),
         "attn_combine": L * (part + 4 * q),
         "o_proj": L * 2 * h * q,
         "gate_up_proj": L * 2 * 2 * i * h,

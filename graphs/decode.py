@@ -12,21 +12,42 @@ from graphs.buffers import DecodeBuffers, DeviceWeights
 from kernels import ops
 
 
-def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, pdl: bool = False) -> list:
-    """The launches of one step in order: embed, 7 per layer, lm_head with the final norm, sample."""
+class Launches(list):
+    """The step's launches, holding the attention counters they point at."""
+
+    counters = None
+
+
+def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, pdl: bool = True) -> Launches:
+    """The launches of one step in order: embed, 5 per layer (6 with a per-head q/k norm), lm_head with
+    the final norm and the greedy argmax, sample.
+
+    Per layer: QKV with RoPE and the K/V append in its epilogue (or QKV, then rope_append), attention
+    with the combine in its last block, o_proj + residual, gate/up with SiLU, down_proj + residual.
+    """
+    import cupy as cp
+
     h, hd, nh, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     eps, ctx, splits = cfg.rms_norm_eps, b.max_context, b.attn_splits
     n_qkv = cfg.q_size + 2 * cfg.kv_size
-    out = [ops.embed(w.embed, b.state, b.x, cfg.vocab_size, h, pdl=pdl)]
+    out = Launches([ops.embed(w.embed, b.state, b.x, cfg.vocab_size, h, pdl=pdl)])
+    # counters: [layers, kv heads], each left zero by its attention launch
+    out.counters = cp.zeros((len(w.layers), nkv), cp.uint32)
+    cp.cuda.get_current_stream().synchronize()
     for i, lw in enumerate(w.layers):
         k_cache, v_cache = b.layer_cache(i)
+        if lw.q_norm is None:
+            out.append(ops.gemv_rope(lw.wqkv, b.x, lw.attn_norm, lw.bqkv, b.qkv, b.state, b.cos, b.sin, k_cache,
+                                     v_cache, nh=nh, nkv=nkv, hd=hd, k=h, max_ctx=ctx, eps=eps, pdl=pdl))
+        else:
+            out += [
+                ops.gemv(lw.wqkv, b.x, b.qkv, n_qkv, h, gamma=lw.attn_norm, bias=lw.bqkv, eps=eps, pdl=pdl),
+                ops.rope_append(b.qkv, lw.q_norm, lw.k_norm, b.cos, b.sin, b.state, k_cache, v_cache, nh=nh,
+                                nkv=nkv, hd=hd, max_ctx=ctx, eps=eps, pdl=pdl),
+            ]
         out += [
-            ops.gemv(lw.wqkv, b.x, b.qkv, n_qkv, h, gamma=lw.attn_norm, bias=lw.bqkv, eps=eps, pdl=pdl),
-            ops.rope_append(b.qkv, lw.q_norm, lw.k_norm, b.cos, b.sin, b.state, k_cache, v_cache, nh=nh,
-                            nkv=nkv, hd=hd, max_ctx=ctx, eps=eps, pdl=pdl),
-            ops.attn_partial(b.qkv, k_cache, v_cache, b.state, b.pm, b.pl, b.pacc, nh=nh, nkv=nkv, hd=hd,
-                             splits=splits, max_ctx=ctx, pdl=pdl),
-            ops.attn_combine(b.pm, b.pl, b.pacc, b.attn, nh=nh, hd=hd, splits=splits, pdl=pdl),
+            ops.attn_decode(b.qkv, k_cache, v_cache, b.state, b.pm, b.pl, b.pacc, b.attn, out.counters[i], nh=nh,
+                            nkv=nkv, hd=hd, splits=splits, max_ctx=ctx, pdl=pdl),
             ops.gemv(lw.wo, b.attn, b.x, h, cfg.q_size, epi=ops.EPI_ADD, pdl=pdl),
             ops.gemv(lw.w_gate_up, b.x, b.act, cfg.intermediate_size, h, gamma=lw.mlp_norm, epi=ops.EPI_SILU,
                      eps=eps, pdl=pdl),
@@ -43,7 +64,7 @@ class DecodeStep:
     """Runs the step on `stream`: one graph replay, or (use_graph=False) the same launches eagerly."""
 
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, bufs: DecodeBuffers, stream,
-                 use_graph: bool = True, pdl: bool = False):
+                 use_graph: bool = True, pdl: bool = True):
         self.stream, self.use_graph = stream, use_graph
         self.launches = step_launches(cfg, weights, bufs, pdl)
         self.graph = None

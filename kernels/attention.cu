@@ -1,9 +1,14 @@
-// Split-KV decode attention, partial pass. Grid (splits, kv heads): block (s, h) covers cache rows
-// [s*chunk, min((s+1)*chunk, nkv)) with nkv = pos + 1 read from the decode state and
-// chunk = ceil(nkv / splits), for the G query heads of kv head h, so each K/V row is loaded once.
-// A row is HD/8 lanes wide (16 bytes each); a warp reads 32/(HD/8) rows at once, R times per step.
-// Scores are in the base-2 domain (scale2 = scale * log2 e); an empty split writes m = -inf, l = 0.
-// budget: attn_partial=224
+// Split-KV decode attention. Grid (splits, kv heads): block (s, h) covers cache rows
+// [s*chunk, min((s+1)*chunk, nkv)) with nkv = pos + 1 read from the decode state, for the G query
+// heads of kv head h, so each K/V row is loaded once. A row is HD/8 lanes wide (16 bytes each); a
+// warp reads 32/(HD/8) rows at once, R times per step. Scores are in the base-2 domain
+// (scale2 = scale * log2 e); an empty split writes m = -inf, l = 0.
+// attn_partial: chunk = ceil(nkv / splits), partials for the separate combine pass.
+// attn_decode: only active = min(splits, ceil(nkv / min_chunk)) splits work (the others exit), with
+// chunk = ceil(nkv / active); the last active block of each kv head to finish merges the partials
+// (as the combine pass does) into out, and resets its counter. With one active split the block
+// writes out directly.
+// budget: attn_partial=224 attn_decode=224
 // defines: HD=128 G=4
 // defines: HD=128 G=8
 // defines: HD=64 G=7
@@ -36,21 +41,22 @@ __device__ __forceinline__ void merge(Part& a, int g, float m2, float l2, const 
     a.m[g] = mn;
 }
 
-// q: [nh*HD] f32 (after RoPE); k_cache, v_cache: this layer's [nkv_heads, max_ctx, HD] bf16;
-// pm, pl: [nh, splits]; pacc: [nh, splits, HD] (unnormalised)
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-attn_partial(const float* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-             const DecodeState* __restrict__ st, float* __restrict__ pm, float* __restrict__ pl,
-             float* __restrict__ pacc, int max_ctx, float scale2)
-{
-    pdl_enter();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
-    const int slot = lane / LPR, sub = lane % LPR;
-    const int nkv = min(max(st->pos, 0) + 1, max_ctx);
-    const int chunk = (nkv + splits - 1) / splits;
-    const int lo = min(split * chunk, nkv), hi = min(lo + chunk, nkv);
+#ifndef MAX_SPLITS
+#define MAX_SPLITS 128
+#endif
+#define CB 16
 
+struct Merged {
+    float m[WARPS][G], l[WARPS][G];
+    float o[WARPS][G][HD];
+};
+
+// rows [lo, hi) of kv head kvh: each warp's partial, left in sm for merged()
+__device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* __restrict__ k_cache,
+                                       const bf16* __restrict__ v_cache, int kvh, int lo, int hi, int max_ctx,
+                                       float scale2, Merged& sm) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = lane / LPR, sub = lane % LPR;
     float qf[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -137,34 +143,44 @@ attn_partial(const float* __restrict__ q, const bf16* __restrict__ k_cache, cons
     }
 
     // then the warps, in order
-    __shared__ float sm_m[WARPS][G], sm_l[WARPS][G];
-    __shared__ float sm_o[WARPS][G][HD];
     if (lane < LPR) {
 #pragma unroll
         for (int g = 0; g < G; ++g) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sm_o[warp][g][sub * 8 + e] = p.o[g][e];
+            for (int e = 0; e < 8; ++e) sm.o[warp][g][sub * 8 + e] = p.o[g][e];
             if (lane == 0) {
-                sm_m[warp][g] = p.m[g];
-                sm_l[warp][g] = p.l[g];
+                sm.m[warp][g] = p.m[g];
+                sm.l[warp][g] = p.l[g];
             }
         }
     }
     __syncthreads();
+}
+
+// the block's partial (m, l, unnormalised o) of head g, element e
+__device__ __forceinline__ float merged(const Merged& sm, int g, int e, float& m, float& l) {
+    m = NEG_INF;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) m = fmaxf(m, sm.m[w][g]);
+    float o = 0.f;
+    l = 0.f;
+    if (m != NEG_INF) {
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const float c = exp2f(sm.m[w][g] - m);
+            l += sm.l[w][g] * c;
+            o += sm.o[w][g][e] * c;
+        }
+    }
+    return o;
+}
+
+__device__ __forceinline__ void store_partials(const Merged& sm, int kvh, int split, int splits, float* pm,
+                                               float* pl, float* pacc) {
     for (int t = threadIdx.x; t < G * HD; t += WARPS * 32) {
         const int g = t / HD, e = t % HD;
-        float m = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) m = fmaxf(m, sm_m[w][g]);
-        float l = 0.f, o = 0.f;
-        if (m != NEG_INF) {
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) {
-                const float c = exp2f(sm_m[w][g] - m);
-                l += sm_l[w][g] * c;
-                o += sm_o[w][g][e] * c;
-            }
-        }
+        float m, l;
+        const float o = merged(sm, g, e, m, l);
         const size_t head = (size_t)kvh * G + g;
         pacc[(head * splits + split) * HD + e] = o;
         if (e == 0) {
@@ -172,4 +188,112 @@ attn_partial(const float* __restrict__ q, const bf16* __restrict__ k_cache, cons
             pl[head * splits + split] = l;
         }
     }
+}
+
+// q: [nh*HD] f32 (after RoPE); k_cache, v_cache: this layer's [nkv_heads, max_ctx, HD] bf16;
+// pm, pl: [nh, splits]; pacc: [nh, splits, HD] (unnormalised)
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+attn_partial(const float* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+             const DecodeState* __restrict__ st, float* __restrict__ pm, float* __restrict__ pl,
+             float* __restrict__ pacc, int max_ctx, float scale2)
+{
+    pdl_enter();
+    const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
+    const int nkv = min(max(st->pos, 0) + 1, max_ctx);
+    const int chunk = (nkv + splits - 1) / splits;
+    const int lo = min(split * chunk, nkv), hi = min(lo + chunk, nkv);
+    __shared__ Merged sm;
+    attend(q, k_cache, v_cache, kvh, lo, hi, max_ctx, scale2, sm);
+    store_partials(sm, kvh, split, splits, pm, pl, pacc);
+}
+
+// the last block of kv head kvh: out = sum_s w_s acc_s / l_s / sum_s w_s over the active splits,
+// w_s = 2^(m_s + log2 l_s - max); partials are read through L2 (other blocks wrote them)
+__device__ __forceinline__ void combine(const float* pm, const float* pl, const float* pacc, float* __restrict__ out,
+                                        int kvh, int splits, int active) {
+    __shared__ float wgt[G][MAX_SPLITS];
+    __shared__ float inv_den[G];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int g = warp; g < G; g += WARPS) {
+        const size_t h = (size_t)kvh * G + g;
+        float big = NEG_INF;
+        for (int s = lane; s < active; s += 32) {
+            const float l = __ldcg(pl + h * splits + s);
+            if (l > 0.f) big = fmaxf(big, __ldcg(pm + h * splits + s) + log2f(l));
+        }
+        big = warp_max(big);
+        float den = 0.f;
+        for (int s = lane; s < active; s += 32) {
+            const float l = __ldcg(pl + h * splits + s);
+            const float w = l > 0.f ? exp2f(__ldcg(pm + h * splits + s) + log2f(l) - big) : 0.f;
+            den += w;
+            wgt[g][s] = l > 0.f ? w * __frcp_rn(l) : 0.f;
+        }
+        den = warp_sum(den);
+        if (lane == 0) inv_den[g] = __frcp_rn(den);
+    }
+    __syncthreads();
+    constexpr int VEC = HD / 4;
+    for (int c = threadIdx.x; c < G * VEC; c += WARPS * 32) {
+        const int g = c / VEC, j = c % VEC;
+        const size_t h = (size_t)kvh * G + g;
+        const float4* acc = reinterpret_cast<const float4*>(pacc + h * splits * HD) + j;
+        float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s0 = 0; s0 < active; s0 += CB) {
+            float4 a[CB];
+#pragma unroll
+            for (int b = 0; b < CB; ++b)
+                a[b] = s0 + b < active ? __ldcg(acc + (size_t)(s0 + b) * VEC) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int b = 0; b < CB; ++b) {
+                const float f = s0 + b < active ? wgt[g][s0 + b] : 0.f;
+                num.x = fmaf(f, a[b].x, num.x);
+                num.y = fmaf(f, a[b].y, num.y);
+                num.z = fmaf(f, a[b].z, num.z);
+                num.w = fmaf(f, a[b].w, num.w);
+            }
+        }
+        const float inv = inv_den[g];
+        reinterpret_cast<float4*>(out + h * HD)[j] = make_float4(num.x * inv, num.y * inv, num.z * inv, num.w * inv);
+    }
+}
+
+// as attn_partial, plus out: [nh*HD] f32; counters: [nkv_heads] zero between launches;
+// splits <= MAX_SPLITS
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+attn_decode(const float* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+            const DecodeState* __restrict__ st, float* pm, float* pl, float* pacc, float* __restrict__ out,
+            unsigned* counters, int max_ctx, float scale2, int min_chunk)
+{
+    pdl_enter();
+    const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
+    const int nkv = min(max(st->pos, 0) + 1, max_ctx);
+    const int active = min(splits, (nkv + min_chunk - 1) / min_chunk);
+    if (split >= active) return;
+    const int chunk = (nkv + active - 1) / active;
+    const int lo = min(split * chunk, nkv), hi = min(lo + chunk, nkv);
+    __shared__ Merged sm;
+    __shared__ bool last;
+    attend(q, k_cache, v_cache, kvh, lo, hi, max_ctx, scale2, sm);
+    if (active == 1) {
+        for (int t = threadIdx.x; t < G * HD; t += WARPS * 32) {
+            const int g = t / HD, e = t % HD;
+            float m, l;
+            const float o = merged(sm, g, e, m, l);
+            out[((size_t)kvh * G + g) * HD + e] = o * __frcp_rn(l);
+        }
+        return;
+    }
+    store_partials(sm, kvh, split, splits, pm, pl, pacc);
+    // the block's writes, then its count (as a cooperative grid sync orders them)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(counters + kvh, 1u) == (unsigned)active - 1;
+        __threadfence();
+    }
+    __syncthreads();
+    if (!last) return;
+    combine(pm, pl, pacc, out, kvh, splits, active);
+    if (threadIdx.x == 0) counters[kvh] = 0;
 }

@@ -20,10 +20,20 @@ struct DecodeState {
 };
 
 // under programmatic dependent launch: wait for the previous kernel's writes, then let the next
-// kernel's blocks start launching; both are no-ops in a plain launch
+// kernel's blocks start launching; both are no-ops in a plain launch. Code before the wait may
+// read only what no kernel of the step writes (weights).
 __device__ __forceinline__ void pdl_enter() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// as ld_stream, but a coherent load: ptxas hoists the PDL wait above non-coherent (.nc) loads only,
+// so weights read this way before pdl_enter really stream ahead of it
+__device__ __forceinline__ uint4 ld_early(const uint4* p) {
+    uint4 r;
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
 }
 
 __device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }

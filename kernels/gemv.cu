@@ -1,15 +1,21 @@
 // y = W x for one token: one warp per output row, 16-byte weight loads, fp32 accumulation.
 // NORM fuses the preceding RMSNorm: each warp reads all of x anyway, so it sums x^2 on the way
 // and scales its dot product by 1/rms at the end. EPI: 0 store (+ bias), 1 y += Wx (residual),
-// 2 y = silu(gate) * up with gate rows [0, n_out) and up rows [n_out, 2 n_out).
+// 2 y = silu(gate) * up with gate rows [0, n_out) and up rows [n_out, 2 n_out),
+// 3 (gemv_rope) the fused QKV projection: a warp takes rows i and i + HD/2 of one head, rotates
+// q and k heads at the state's position into y, and appends k and v as bf16 to the cache.
 // ARGMAX (with EPI 0) also folds each row into *amax (argmax_key) for the greedy sampler, which
 // resets it; a row whose key is below the current one skips the atomic.
-// budget: gemv=128
+// The first batch of weight loads is issued before waiting on the previous kernel (PDL).
+// budget: gemv=128 gemv_rope=128
 // defines: K=4096 EPI=0 NORM=1 BIAS=1
 // defines: K=14336 EPI=1 NORM=0 BIAS=0 SPLITK=4
 // defines: K=4096 EPI=2 NORM=1 BIAS=0
 // defines: K=576 EPI=0 NORM=1 BIAS=0 ARGMAX=1
 // defines: K=64 EPI=2 NORM=1 BIAS=0
+// defines: K=4096 EPI=3 NORM=1 BIAS=0 HD=128 SPLITK=2
+// defines: K=896 EPI=3 NORM=1 BIAS=1 HD=64
+// defines: K=64 EPI=3 NORM=1 BIAS=1 HD=16
 #include "common.cuh"
 
 #ifndef WARPS
@@ -24,7 +30,11 @@
 #ifndef SPLITK
 #define SPLITK 1
 #endif
-#define ROWS (EPI == 2 ? 2 : 1)
+#ifndef HD
+#define HD 128
+#endif
+#define HALF (HD / 2)
+#define ROWS (EPI >= 2 ? 2 : 1)
 #define RPB (WARPS / SPLITK)
 #define CHUNKS (K / 8)
 #define ITERS ((CHUNKS + 32 * SPLITK - 1) / (32 * SPLITK))
@@ -45,6 +55,7 @@ constexpr bool RAGGED = CHUNKS % (32 * SPLITK) != 0 || ITERS % U != 0;
 
 static_assert(K % 8 == 0, "K must be a multiple of 8");
 static_assert(WARPS % SPLITK == 0, "SPLITK warps share a row");
+static_assert(EPI != 3 || HD % 2 == 0, "rope pairs need an even head_dim");
 
 __device__ __forceinline__ float dot8(const uint4 w, const float4 a, const float4 b, float acc) {
     acc = fmaf(bf_lo(w.x), a.x, acc);
@@ -62,48 +73,58 @@ __device__ __forceinline__ float4 mul4(float4 a, float4 b) {
     return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
 }
 
-// w: [ROWS * n_out, K] bf16; x: [K]; gamma: [K] (NORM); bias: [n_out] (BIAS); y: [n_out].
-// SPLITK warps share a row, each taking every SPLITK-th 512-byte segment of it.
-// MINB caps registers so that ptxas keeps all U loads of a batch in flight
-extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
-gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
-     const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
-     unsigned long long* __restrict__ amax)
-{
-    pdl_enter();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * RPB + warp / SPLITK, part = warp % SPLITK;
-    const bool live = row < n_out;
-    if (SPLITK == 1 && !live) return;
-    const uint4* w0 = reinterpret_cast<const uint4*>(w) + (size_t)(live ? row : 0) * CHUNKS;
-    const uint4* w1 = w0 + (size_t)n_out * CHUNKS;
+template <bool EARLY>
+__device__ __forceinline__ void load_batch(const uint4* __restrict__ w0, const uint4* __restrict__ w1, int b,
+                                           int part, int lane, uint4 (&a)[U], uint4 (&c)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = ((b * U + u) * SPLITK + part) * 32 + lane;
+        const bool ok = !RAGGED || k < CHUNKS;
+        a[u] = ok ? (EARLY ? ld_early(w0 + k) : ld_stream(w0 + k)) : make_uint4(0, 0, 0, 0);
+        if (ROWS == 2) c[u] = ok ? (EARLY ? ld_early(w1 + k) : ld_stream(w1 + k)) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+__device__ __forceinline__ void fma_batch(const float4* __restrict__ x4, const float4* __restrict__ g4, int b,
+                                          int part, int lane, const uint4 (&a)[U], const uint4 (&c)[U],
+                                          float& acc0, float& acc1, float& ss) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = ((b * U + u) * SPLITK + part) * 32 + lane;
+        if (RAGGED && k >= CHUNKS) continue;
+        float4 xa = __ldg(x4 + 2 * k), xb = __ldg(x4 + 2 * k + 1);
+        if (NORM) {
+            ss = fmaf(xa.x, xa.x, fmaf(xa.y, xa.y, fmaf(xa.z, xa.z, fmaf(xa.w, xa.w, ss))));
+            ss = fmaf(xb.x, xb.x, fmaf(xb.y, xb.y, fmaf(xb.z, xb.z, fmaf(xb.w, xb.w, ss))));
+            xa = mul4(xa, __ldg(g4 + 2 * k));
+            xb = mul4(xb, __ldg(g4 + 2 * k + 1));
+        }
+        acc0 = dot8(a[u], xa, xb, acc0);
+        if (ROWS == 2) acc1 = dot8(c[u], xa, xb, acc1);
+    }
+}
+
+// rows w0 (and w1 when ROWS == 2) times x, RMS-normalised with gamma when NORM. SPLITK warps share
+// the rows, each taking every SPLITK-th 512-byte segment; the sums are complete in the first
+// warp of the group (part 0). Every warp of the block must call this (the SPLITK merge syncs).
+__device__ __forceinline__ float2 dot_rows(const uint4* __restrict__ w0, const uint4* __restrict__ w1,
+                                           const float* __restrict__ x, const float* __restrict__ gamma,
+                                           float eps) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % SPLITK;
     const float4* x4 = reinterpret_cast<const float4*>(x);
     const float4* g4 = reinterpret_cast<const float4*>(gamma);
     float acc0 = 0.f, acc1 = 0.f, ss = 0.f;
+    uint4 a[U], c[U];
 #pragma unroll 1
-    for (int b = 0; b < BATCHES && live; ++b) {
-        uint4 a[U], c[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = ((b * U + u) * SPLITK + part) * 32 + lane;
-            const bool ok = !RAGGED || k < CHUNKS;
-            a[u] = ok ? ld_stream(w0 + k) : make_uint4(0, 0, 0, 0);
-            if (ROWS == 2) c[u] = ok ? ld_stream(w1 + k) : make_uint4(0, 0, 0, 0);
+    for (int b = 0; b < BATCHES; ++b) {
+        if (b == 0) {
+            // the first batch of weights streams in while the previous kernel finishes
+            load_batch<true>(w0, w1, 0, part, lane, a, c);
+            pdl_enter();
+        } else {
+            load_batch<false>(w0, w1, b, part, lane, a, c);
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = ((b * U + u) * SPLITK + part) * 32 + lane;
-            if (RAGGED && k >= CHUNKS) continue;
-            float4 xa = __ldg(x4 + 2 * k), xb = __ldg(x4 + 2 * k + 1);
-            if (NORM) {
-                ss = fmaf(xa.x, xa.x, fmaf(xa.y, xa.y, fmaf(xa.z, xa.z, fmaf(xa.w, xa.w, ss))));
-                ss = fmaf(xb.x, xb.x, fmaf(xb.y, xb.y, fmaf(xb.z, xb.z, fmaf(xb.w, xb.w, ss))));
-                xa = mul4(xa, __ldg(g4 + 2 * k));
-                xb = mul4(xb, __ldg(g4 + 2 * k + 1));
-            }
-            acc0 = dot8(a[u], xa, xb, acc0);
-            if (ROWS == 2) acc1 = dot8(c[u], xa, xb, acc1);
-        }
+        fma_batch(x4, g4, b, part, lane, a, c, acc0, acc1, ss);
     }
     acc0 = warp_sum(acc0);
     if (ROWS == 2) acc1 = warp_sum(acc1);
@@ -116,12 +137,13 @@ gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __res
             red[warp][2] = ss;
         }
         __syncthreads();
-        if (part != 0 || !live) return;
+        if (part == 0) {
 #pragma unroll
-        for (int p = 1; p < SPLITK; ++p) {
-            acc0 += red[warp + p][0];
-            acc1 += red[warp + p][1];
-            ss += red[warp + p][2];
+            for (int p = 1; p < SPLITK; ++p) {
+                acc0 += red[warp + p][0];
+                acc1 += red[warp + p][1];
+                ss += red[warp + p][2];
+            }
         }
     }
     if (NORM) {
@@ -129,12 +151,72 @@ gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __res
         acc0 *= r;
         acc1 *= r;
     }
-    if (lane != 0) return;
-    if (EPI == 0) y[row] = BIAS ? acc0 + bias[row] : acc0;
+    return make_float2(acc0, acc1);
+}
+
+#if EPI != 3
+// w: [ROWS * n_out, K] bf16; x: [K]; gamma: [K] (NORM); bias: [n_out] (BIAS); y: [n_out].
+// MINB caps registers so that ptxas keeps all U loads of a batch in flight
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
+gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
+     const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
+     unsigned long long* __restrict__ amax)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * RPB + warp / SPLITK, part = warp % SPLITK;
+    const bool live = row < n_out;
+    if (SPLITK == 1 && !live) return;
+    // a dead row's warps stream row 0 and store nothing
+    const uint4* w0 = reinterpret_cast<const uint4*>(w) + (size_t)(live ? row : 0) * CHUNKS;
+    const float2 acc = dot_rows(w0, w0 + (size_t)n_out * CHUNKS, x, gamma, eps);
+    if (part != 0 || !live || lane != 0) return;
+    const float v = BIAS ? acc.x + bias[row] : acc.x;
+    if (EPI == 0) y[row] = v;
     if (ARGMAX) {
-        const unsigned long long key = argmax_key(BIAS ? acc0 + bias[row] : acc0, row);
+        const unsigned long long key = argmax_key(v, row);
         if (key > *(volatile unsigned long long*)amax) atomicMax(amax, key);
     }
-    if (EPI == 1) y[row] += acc0;
-    if (EPI == 2) y[row] = acc0 / (1.0f + expf(-acc0)) * acc1;
+    if (EPI == 1) y[row] += acc.x;
+    if (EPI == 2) y[row] = acc.x / (1.0f + expf(-acc.x)) * acc.y;
 }
+#else
+// w: [(nh + 2 nkv) HD, K] bf16 (q, k, v heads); bias: [(nh + 2 nkv) HD] (BIAS); y: the same, f32;
+// cos, sin: [max_ctx, HD/2]; k_cache, v_cache: this layer's [nkv, max_ctx, HD] bf16, row
+// min(pos, max_ctx - 1) written; n_pairs = (nh + 2 nkv) HD / 2
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
+gemv_rope(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
+          const float* __restrict__ bias, float* __restrict__ y, int n_pairs, float eps,
+          const DecodeState* __restrict__ st, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int nh, int nkv, int max_ctx)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int pair = blockIdx.x * RPB + warp / SPLITK, part = warp % SPLITK;
+    const bool live = pair < n_pairs;
+    if (SPLITK == 1 && !live) return;
+    const int p = live ? pair : 0;
+    const int head = p / HALF, i = p % HALF;
+    const int r0 = head * HD + i;
+    const uint4* w0 = reinterpret_cast<const uint4*>(w) + (size_t)r0 * CHUNKS;
+    const float2 acc = dot_rows(w0, w0 + (size_t)HALF * CHUNKS, x, gamma, eps);
+    if (part != 0 || !live || lane != 0) return;
+    float a = BIAS ? acc.x + bias[r0] : acc.x;
+    float b = BIAS ? acc.y + bias[r0 + HALF] : acc.y;
+    const int pos = min(max(st->pos, 0), max_ctx - 1);
+    if (head < nh + nkv) {
+        const float cf = cos_t[(size_t)pos * HALF + i], sf = sin_t[(size_t)pos * HALF + i];
+        const float lo = a * cf - b * sf;
+        const float hi = b * cf + a * sf;
+        a = lo;
+        b = hi;
+    }
+    y[r0] = a;
+    y[r0 + HALF] = b;
+    if (head >= nh) {
+        const bool is_v = head >= nh + nkv;
+        const int kvh = head - nh - (is_v ? nkv : 0);
+        bf16* dst = (is_v ? v_cache : k_cache) + ((size_t)kvh * max_ctx + pos) * HD + i;
+        dst[0] = f2bf(a);
+        dst[HALF] = f2bf(b);
+    }
+}
+#endif

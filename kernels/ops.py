@@ -15,6 +15,8 @@ ATTN_WARPS = 4
 COMBINE_WARPS = 4
 SAMPLE_BLOCK = 1024
 SAMPLE_CAP = 4096
+ATTN_MAX_SPLITS = 128
+ATTN_MIN_CHUNK = 64  # cache rows per active split at least (attn_decode)
 LOG2E = 1.4426950408889634
 
 
@@ -55,6 +57,24 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: int = EPI_S
                                                      [w, x, gamma, bias, y, n_out, eps, amax], pdl=pdl)
 
 
+def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
+              max_ctx: int, eps: float, splitk: int | None = None, pdl: bool = False) -> Launch:
+    """The QKV projection with RoPE and the K/V append fused into its epilogue (no per-head norm).
+
+    y [(nh + 2 nkv) hd] gets q and k rotated at the state's position and v; k and v also go to the
+    cache row min(pos, max_ctx - 1) as bf16.
+    """
+    n_pairs = (nh + 2 * nkv) * hd // 2
+    if splitk is None:
+        splitk = gemv_splitk(n_pairs, k)
+    mod = module("gemv", K=k, EPI=3, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
+                 MINB=GEMV_MINB, HD=hd)
+    grid = math.ceil(n_pairs / (GEMV_WARPS // splitk))
+    return mod.function("gemv_rope", "PPPPPifPPPPPiii").prepare(
+        grid, GEMV_WARPS * 32, [w, x, gamma, bias, y, n_pairs, eps, state, cos, sin, k_cache, v_cache, nh, nkv,
+                                max_ctx], pdl=pdl)
+
+
 def embed(table, state, x, vocab: int, hidden: int, pdl: bool = False) -> Launch:
     threads = hidden // 8
     block = min(256, threads)
@@ -76,6 +96,22 @@ def attn_partial(q, k_cache, v_cache, state, pm, pl, pacc, *, nh: int, nkv: int,
     mod = module("attention", HD=hd, G=nh // nkv)
     return mod.function("attn_partial", "PPPPPPPif").prepare(
         (splits, nkv), ATTN_WARPS * 32, [q, k_cache, v_cache, state, pm, pl, pacc, max_ctx, scale2], pdl=pdl)
+
+
+def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: int, nkv: int, hd: int,
+                splits: int, max_ctx: int, min_chunk: int | None = None, pdl: bool = False) -> Launch:
+    """Split-KV attention over min(splits, ceil(nkv / min_chunk)) splits, merged by the last block.
+
+    counters: [nkv] uint32, zero before the first launch; each launch leaves them zero.
+    """
+    if not 1 <= splits <= ATTN_MAX_SPLITS:
+        raise ValueError(f"attention splits must be in [1, {ATTN_MAX_SPLITS}], got {splits}")
+    scale2 = hd**-0.5 * LOG2E
+    mod = module("attention", HD=hd, G=nh // nkv)
+    return mod.function("attn_decode", "PPPPPPPPPifi").prepare(
+        (splits, nkv), ATTN_WARPS * 32,
+        [q, k_cache, v_cache, state, pm, pl, pacc, out, counters, max_ctx, scale2, min_chunk or ATTN_MIN_CHUNK],
+        pdl=pdl)
 
 
 def attn_combine(pm, pl, pacc, out, *, nh: int, hd: int, splits: int, pdl: bool = False) -> Launch:

@@ -117,7 +117,9 @@ def test_step_parity_with_reference(tiny, name, splits):
 def test_graph_replay_matches_eager_bitwise(tiny, name):
     cfg, w = tiny(name)
     runs = {}
-    for key, kw in {"graph": {}, "eager": {"use_graph": False}, "graph+pdl": {"pdl": True}}.items():
+    kinds = {"graph": {}, "eager": {"use_graph": False}, "graph+pdl": {"pdl": True}, "graph-pdl": {"pdl": False},
+             "eager-pdl": {"use_graph": False, "pdl": False}}
+    for key, kw in kinds.items():
         be = backend(cfg, w, max_context=96, attn_splits=8, **kw)
         be.start(PROMPT)
         out = []
@@ -127,6 +129,30 @@ def test_graph_replay_matches_eager_bitwise(tiny, name):
         runs[key] = np.stack(out)
     assert np.array_equal(runs["graph"], runs["eager"])
     assert np.array_equal(runs["graph"], runs["graph+pdl"])
+    assert np.array_equal(runs["graph"], runs["graph-pdl"])
+    assert np.array_equal(runs["graph"], runs["eager-pdl"])
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_step_parity_with_many_active_splits(tiny, name, monkeypatch):
+    from kernels import ops
+
+    monkeypatch.setattr(ops, "ATTN_MIN_CHUNK", 3)  # up to 32 active splits within the prompt + 40 steps
+    cfg, w = tiny(name)
+    ctx, splits = 96, 32
+    be = backend(cfg, w, max_context=ctx, attn_splits=splits)
+    refb = reference(cfg, w, ctx, splits, bf16_kv=True)
+    want = refb.prefill(PROMPT, return_all=True)
+    be.start(PROMPT)
+    worst, tok = 0.0, None
+    for j in range(len(PROMPT) + 40):
+        be.replay()
+        got = be.step_logits()
+        worst = max(worst, rel(got, want[j] if j < len(PROMPT) else refb.decode(tok)))
+        tok = ring_token(be, j)
+    print(f"{name}: worst rel err {worst:.2e} (bf16 KV ref)")
+    assert worst < 2e-3
+    assert be.bufs.guards_intact()
 
 
 def test_hundred_replays_chain_on_the_device(tiny):
@@ -155,9 +181,9 @@ def test_sampled_tokens_follow_the_host_sampler(tiny):
     cfg, w = tiny("qwen3")
     params = SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=1234)
     be = backend(cfg, w, max_context=128)
-    be.start(PROMPT, params, params.seed)
+    be.start(PROMPT, params, params.seed, prefill=True)  # the path generate() takes
     picked = []
-    for j in range(len(PROMPT) + 40):
+    for j in range(len(PROMPT) - 1, len(PROMPT) + 40):
         be.replay()
         logits = be.step_logits()
         if j >= len(PROMPT) - 1:

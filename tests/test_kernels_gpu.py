@@ -121,6 +121,62 @@ def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk):
     assert err < FP32_TOL
 
 
+def _rope_cfg(nh, nkv, hd):
+    from engine.config import ModelConfig, RopeScaling
+
+    return ModelConfig(arch="llama", vocab_size=10, hidden_size=nh * hd, intermediate_size=8, num_layers=1,
+                       num_heads=nh, num_kv_heads=nkv, head_dim=hd, rms_norm_eps=1e-6, rope_theta=500000.0,
+                       max_position_embeddings=8192, tie_word_embeddings=False, attention_bias=False,
+                       qk_norm=False, rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64))
+
+
+GEMV_ROPE_CASES = [  # nh, nkv, hd, k, bias, splitk
+    (32, 8, 128, 4096, False, None),
+    (14, 2, 64, 896, True, None),
+    (14, 2, 64, 896, True, 1),
+    (9, 3, 64, 576, False, 2),
+    (4, 2, 16, 64, True, None),
+]
+
+
+@pytest.mark.parametrize("nh,nkv,hd,k,bias,splitk", GEMV_ROPE_CASES)
+def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk):
+    from kernels import ops
+
+    n = (nh + 2 * nkv) * hd
+    ctx, eps = 200, 1e-5
+    cos, sin = rope_tables(_rope_cfg(nh, nkv, hd), ctx)
+    d_cos, d_sin = cp.asarray(cos), cp.asarray(sin)
+    wb, wf = bf16(rng.standard_normal((n, k)) / math.sqrt(k))
+    d_w = cp.asarray(wb)
+    g = (0.5 + rng.random(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    for pos in [0, 1, 77, ctx - 1, ctx + 40]:
+        x = rng.standard_normal(k).astype(np.float32) * 3
+        full = wf.astype(np.float64) @ rms(x, g, eps) + (b if bias else 0)
+        y = cp.full(n, np.nan, cp.float32)
+        kc = cp.full(nkv * ctx * hd, 0x7FC0, cp.uint16)  # bf16 NaN
+        vc = kc.copy()
+        launch = ops.gemv_rope(d_w, cp.asarray(x), cp.asarray(g), cp.asarray(b) if bias else None, y,
+                               state(cp, pos=pos), d_cos, d_sin, kc, vc, nh=nh, nkv=nkv, hd=hd, k=k, max_ctx=ctx,
+                               eps=eps, splitk=splitk)
+        run(cp, launch)
+        p = min(pos, ctx - 1)
+        q = _rope_ref(full[: nh * hd].reshape(nh, hd), None, cos[p], sin[p], eps)
+        kk = _rope_ref(full[nh * hd : (nh + nkv) * hd].reshape(nkv, hd), None, cos[p], sin[p], eps)
+        v = full[(nh + nkv) * hd :].reshape(nkv, hd)
+        got = y.get()
+        assert rel(got[: nh * hd].reshape(nh, hd), q) < FP32_TOL
+        assert rel(got[nh * hd : (nh + nkv) * hd].reshape(nkv, hd), kk) < FP32_TOL
+        assert rel(got[(nh + nkv) * hd :].reshape(nkv, hd), v) < FP32_TOL
+        kg = kc.get().view(BF16).astype(np.float32).reshape(nkv, ctx, hd)
+        vg = vc.get().view(BF16).astype(np.float32).reshape(nkv, ctx, hd)
+        assert np.abs(kg[:, p] - kk).max() <= np.abs(kk).max() * 2**-7
+        assert np.abs(vg[:, p] - v).max() <= np.abs(v).max() * 2**-7
+        others = np.delete(np.arange(ctx), p)
+        assert np.isnan(kg[:, others]).all() and np.isnan(vg[:, others]).all(), "wrote outside row pos"
+
+
 @pytest.mark.parametrize("vocab,hidden", [(320, 64), (49152, 576), (1000, 4096)])
 def test_embed(cp, rng, vocab, hidden):
     from kernels import ops
@@ -229,6 +285,35 @@ def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits):
         assert rel(acc[live], acc_ref[live]) < FP32_TOL
         ref = combine_splits(m_ref, l_ref, acc_ref)
         assert rel(out.get().reshape(nh, hd), ref) < FP32_TOL, f"nkv={nkv_rows}"
+
+
+@pytest.mark.parametrize("splits,min_chunk", [(8, 1), (32, 4), (128, 2)])
+@pytest.mark.parametrize("nh,nkv,hd", ATTN_HEADS)
+def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min_chunk):
+    from engine.reference import combine_splits
+    from kernels import ops
+
+    ctx = 320
+    kb, kf = bf16(rng.standard_normal((nkv, ctx, hd)))
+    vb, vf = bf16(rng.standard_normal((nkv, ctx, hd)))
+    pm = cp.empty((nh, splits), cp.float32)
+    pl, pacc = cp.empty_like(pm), cp.empty((nh, splits, hd), cp.float32)
+    out = cp.empty(nh * hd, cp.float32)
+    counters = cp.zeros(nkv, cp.uint32)
+    for nkv_rows in _attn_nkvs(splits) + [ctx, ctx + 7]:
+        q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
+        rows = min(nkv_rows, ctx)
+        kp, vp = kb.copy(), vb.copy()
+        kp[:, rows:], vp[:, rows:] = 0x7FC0, 0x7FC0
+        st = state(cp, pos=nkv_rows - 1)
+        for a in (pm, pl, pacc, out):
+            a.fill(np.nan)  # splits past the active ones keep NaN: merging one would show
+        run(cp, ops.attn_decode(cp.asarray(q), cp.asarray(kp), cp.asarray(vp), st, pm, pl, pacc, out, counters,
+                                nh=nh, nkv=nkv, hd=hd, splits=splits, max_ctx=ctx, min_chunk=min_chunk))
+        active = min(splits, -(-rows // min_chunk))
+        ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), kf, vf, rows, active))
+        assert rel(out.get().reshape(nh, hd), ref) < FP32_TOL, f"nkv={nkv_rows} active={active}"
+        assert (counters.get() == 0).all(), "the merging block resets its counter"
 
 
 def _sampler(cp, vocab, max_ctx=64):
