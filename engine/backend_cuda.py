@@ -17,9 +17,9 @@ IN_FLIGHT = 8  # replays queued ahead of the token being read
 
 def default_splits(cfg: ModelConfig, sms: int) -> int:
     """Attention splits at long contexts: four blocks per SM over the kv heads, a multiple of 8 in
-    [32, 128]. Short contexts use fewer (the attention kernel derives them from nkv)."""
+    [32, 64]. Short contexts use fewer (the attention kernel derives them from nkv)."""
     s = max(32, -(-4 * sms // cfg.num_kv_heads))
-    return min(128, -(-s // 8) * 8)
+    return min(64, -(-s // 8) * 8)
 
 
 class CudaBackend:

@@ -8,10 +8,12 @@
 // chunk = ceil(nkv / active); the last active block of each kv head to finish merges the partials
 // (as the combine pass does) into out, and resets its counter. With one active split the block
 // writes out directly.
-// budget: attn_partial=224 attn_decode=224
+// budget: attn_partial=232 attn_decode=232
 // defines: HD=128 G=4
+// defines: HD=128 G=4 WARPS=8
 // defines: HD=128 G=8
 // defines: HD=64 G=7
+// defines: HD=64 G=7 WARPS=8
 // defines: HD=16 G=3
 #include "common.cuh"
 
@@ -20,6 +22,11 @@
 #endif
 #ifndef R
 #define R 2
+#endif
+// resident blocks per SM to compile for: 16 warps while the query heads of a group fit in 128
+// registers (G <= 4), else 8
+#ifndef MINB
+#define MINB (G <= 4 ? 16 / WARPS : (WARPS < 8 ? 8 / WARPS : 1))
 #endif
 #define LPR (HD / 8)
 #define SLOTS (32 / LPR)
@@ -46,9 +53,10 @@ __device__ __forceinline__ void merge(Part& a, int g, float m2, float l2, const 
 #endif
 #define CB 16
 
-struct Merged {
-    float m[WARPS][G], l[WARPS][G];
+// o first and 16-byte aligned: the combine reuses it as float4 scratch
+struct __align__(16) Merged {
     float o[WARPS][G][HD];
+    float m[WARPS][G], l[WARPS][G];
 };
 
 // rows [lo, hi) of kv head kvh: each warp's partial, left in sm for merged()
@@ -76,13 +84,23 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
     const uint4* kb = reinterpret_cast<const uint4*>(k_cache + (size_t)kvh * max_ctx * HD) + sub;
     const uint4* vb = reinterpret_cast<const uint4*>(v_cache + (size_t)kvh * max_ctx * HD) + sub;
 
+    // software pipelined: the next step's rows are in flight while this step's are used
+    uint4 nk[R], nv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = lo + warp * STEP + r * SLOTS + slot;
+        nk[r] = row < hi ? __ldg(kb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
+        nv[r] = row < hi ? __ldg(vb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
+    }
     for (int base = lo + warp * STEP; base < hi; base += WARPS * STEP) {
         uint4 kk[R], vv[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const int row = base + r * SLOTS + slot;
-            kk[r] = row < hi ? __ldg(kb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
-            vv[r] = row < hi ? __ldg(vb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
+            const int row = base + WARPS * STEP + r * SLOTS + slot;
+            kk[r] = nk[r];
+            vv[r] = nv[r];
+            nk[r] = row < hi ? __ldg(kb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
+            nv[r] = row < hi ? __ldg(vb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
         }
         float s[R][G];
 #pragma unroll
@@ -192,7 +210,7 @@ __device__ __forceinline__ void store_partials(const Merged& sm, int kvh, int sp
 
 // q: [nh*HD] f32 (after RoPE); k_cache, v_cache: this layer's [nkv_heads, max_ctx, HD] bf16;
 // pm, pl: [nh, splits]; pacc: [nh, splits, HD] (unnormalised)
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 attn_partial(const float* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
              const DecodeState* __restrict__ st, float* __restrict__ pm, float* __restrict__ pl,
              float* __restrict__ pacc, int max_ctx, float scale2)
@@ -208,38 +226,47 @@ attn_partial(const float* __restrict__ q, const bf16* __restrict__ k_cache, cons
 }
 
 // the last block of kv head kvh: out = sum_s w_s acc_s / l_s / sum_s w_s over the active splits,
-// w_s = 2^(m_s + log2 l_s - max); partials are read through L2 (other blocks wrote them)
+// w_s = 2^(m_s + log2 l_s - max); partials are read through L2 (other blocks wrote them). GROUPS
+// thread groups take interleaved runs of CB splits, then sum in group order; sm is free by now.
 __device__ __forceinline__ void combine(const float* pm, const float* pl, const float* pacc, float* __restrict__ out,
-                                        int kvh, int splits, int active) {
+                                        int kvh, int splits, int active, Merged& sm) {
+    constexpr int VEC = HD / 4, COLS = G * VEC, THREADS = WARPS * 32, PER = MAX_SPLITS / 32;
+    constexpr int GROUPS = COLS >= THREADS ? 1 : (THREADS / COLS < WARPS ? THREADS / COLS : WARPS);
     __shared__ float wgt[G][MAX_SPLITS];
     __shared__ float inv_den[G];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int g = warp; g < G; g += WARPS) {
         const size_t h = (size_t)kvh * G + g;
-        float big = NEG_INF;
-        for (int s = lane; s < active; s += 32) {
-            const float l = __ldcg(pl + h * splits + s);
-            if (l > 0.f) big = fmaxf(big, __ldcg(pm + h * splits + s) + log2f(l));
+        float l[PER], lse[PER], big = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int s = lane + 32 * j;
+            l[j] = s < active ? __ldcg(pl + h * splits + s) : 0.f;
+            const float m = s < active ? __ldcg(pm + h * splits + s) : NEG_INF;
+            lse[j] = l[j] > 0.f ? m + log2f(l[j]) : NEG_INF;
+            big = fmaxf(big, lse[j]);
         }
         big = warp_max(big);
         float den = 0.f;
-        for (int s = lane; s < active; s += 32) {
-            const float l = __ldcg(pl + h * splits + s);
-            const float w = l > 0.f ? exp2f(__ldcg(pm + h * splits + s) + log2f(l) - big) : 0.f;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int s = lane + 32 * j;
+            const float w = l[j] > 0.f ? exp2f(lse[j] - big) : 0.f;
             den += w;
-            wgt[g][s] = l > 0.f ? w * __frcp_rn(l) : 0.f;
+            if (s < active) wgt[g][s] = l[j] > 0.f ? w * __frcp_rn(l[j]) : 0.f;
         }
         den = warp_sum(den);
         if (lane == 0) inv_den[g] = __frcp_rn(den);
     }
     __syncthreads();
-    constexpr int VEC = HD / 4;
-    for (int c = threadIdx.x; c < G * VEC; c += WARPS * 32) {
+    float4* red = reinterpret_cast<float4*>(&sm.o[0][0][0]);
+    for (int t = threadIdx.x; t < (GROUPS == 1 ? COLS : GROUPS * COLS); t += THREADS) {
+        const int c = t % COLS, grp = t / COLS;
         const int g = c / VEC, j = c % VEC;
         const size_t h = (size_t)kvh * G + g;
         const float4* acc = reinterpret_cast<const float4*>(pacc + h * splits * HD) + j;
         float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s0 = 0; s0 < active; s0 += CB) {
+        for (int s0 = grp * CB; s0 < active; s0 += GROUPS * CB) {
             float4 a[CB];
 #pragma unroll
             for (int b = 0; b < CB; ++b)
@@ -253,14 +280,35 @@ __device__ __forceinline__ void combine(const float* pm, const float* pl, const 
                 num.w = fmaf(f, a[b].w, num.w);
             }
         }
+        if (GROUPS == 1) {
+            const float inv = inv_den[g];
+            reinterpret_cast<float4*>(out + h * HD)[j] = make_float4(num.x * inv, num.y * inv, num.z * inv, num.w * inv);
+        } else {
+            red[t] = num;
+        }
+    }
+    if (GROUPS == 1) return;
+    __syncthreads();
+    for (int c = threadIdx.x; c < COLS; c += THREADS) {
+        float4 num = red[c];
+#pragma unroll
+        for (int q = 1; q < GROUPS; ++q) {
+            const float4 r = red[q * COLS + c];
+            num.x += r.x;
+            num.y += r.y;
+            num.z += r.z;
+            num.w += r.w;
+        }
+        const int g = c / VEC, j = c % VEC;
         const float inv = inv_den[g];
-        reinterpret_cast<float4*>(out + h * HD)[j] = make_float4(num.x * inv, num.y * inv, num.z * inv, num.w * inv);
+        reinterpret_cast<float4*>(out + ((size_t)kvh * G + g) * HD)[j] =
+            make_float4(num.x * inv, num.y * inv, num.z * inv, num.w * inv);
     }
 }
 
 // as attn_partial, plus out: [nh*HD] f32; counters: [nkv_heads] zero between launches;
 // splits <= MAX_SPLITS
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 attn_decode(const float* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
             const DecodeState* __restrict__ st, float* pm, float* pl, float* pacc, float* __restrict__ out,
             unsigned* counters, int max_ctx, float scale2, int min_chunk)
@@ -294,6 +342,6 @@ attn_decode(const float* __restrict__ q, const bf16* __restrict__ k_cache, const
     }
     __syncthreads();
     if (!last) return;
-    combine(pm, pl, pacc, out, kvh, splits, active);
+    combine(pm, pl, pacc, out, kvh, splits, active, sm);
     if (threadIdx.x == 0) counters[kvh] = 0;
 }

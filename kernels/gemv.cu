@@ -4,6 +4,7 @@
 // 2 y = silu(gate) * up with gate rows [0, n_out) and up rows [n_out, 2 n_out),
 // 3 (gemv_rope) the fused QKV projection: a warp takes rows i and i + HD/2 of one head, rotates
 // q and k heads at the state's position into y, and appends k and v as bf16 to the cache.
+// NR > 1 (EPI 0): NR consecutive rows per warp.
 // ARGMAX (with EPI 0) also folds each row into *amax (argmax_key) for the greedy sampler, which
 // resets it; a row whose key is below the current one skips the atomic.
 // The first batch of weight loads is issued before waiting on the previous kernel (PDL).
@@ -12,6 +13,8 @@
 // defines: K=14336 EPI=1 NORM=0 BIAS=0 SPLITK=4
 // defines: K=4096 EPI=2 NORM=1 BIAS=0
 // defines: K=576 EPI=0 NORM=1 BIAS=0 ARGMAX=1
+// defines: K=896 EPI=0 NORM=1 BIAS=0 ARGMAX=1 NR=4 WARPS=4 MINB=4
+// defines: K=72 EPI=0 NORM=0 BIAS=1 NR=4
 // defines: K=64 EPI=2 NORM=1 BIAS=0
 // defines: K=4096 EPI=3 NORM=1 BIAS=0 HD=128 SPLITK=2
 // defines: K=896 EPI=3 NORM=1 BIAS=1 HD=64
@@ -32,6 +35,9 @@
 #endif
 #ifndef HD
 #define HD 128
+#endif
+#ifndef NR
+#define NR 1
 #endif
 #define HALF (HD / 2)
 #define ROWS (EPI >= 2 ? 2 : 1)
@@ -56,6 +62,7 @@ constexpr bool RAGGED = CHUNKS % (32 * SPLITK) != 0 || ITERS % U != 0;
 static_assert(K % 8 == 0, "K must be a multiple of 8");
 static_assert(WARPS % SPLITK == 0, "SPLITK warps share a row");
 static_assert(EPI != 3 || HD % 2 == 0, "rope pairs need an even head_dim");
+static_assert(NR == 1 || (EPI == 0 && SPLITK == 1 && NR <= 32), "several rows per warp: EPI 0, SPLITK 1");
 
 __device__ __forceinline__ float dot8(const uint4 w, const float4 a, const float4 b, float acc) {
     acc = fmaf(bf_lo(w.x), a.x, acc);
@@ -154,7 +161,79 @@ __device__ __forceinline__ float2 dot_rows(const uint4* __restrict__ w0, const u
     return make_float2(acc0, acc1);
 }
 
-#if EPI != 3
+#if NR > 1
+template <bool EARLY>
+__device__ __forceinline__ void load_rows(const uint4* const (&wr)[NR], int b, int lane, uint4 (&a)[NR][U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (b * U + u) * 32 + lane;
+        const bool ok = !RAGGED || k < CHUNKS;
+#pragma unroll
+        for (int i = 0; i < NR; ++i)
+            a[i][u] = ok ? (EARLY ? ld_early(wr[i] + k) : ld_stream(wr[i] + k)) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// EPI 0 with NR consecutive rows per warp (short rows, many of them: the lm_head of a small
+// model): x and gamma are read once for all NR rows, and NR rows of loads are in flight
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
+gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
+     const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
+     unsigned long long* __restrict__ amax)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = (blockIdx.x * WARPS + warp) * NR;
+    if (row0 >= n_out) return;
+    // rows past the end stream the last row and store nothing
+    const uint4* wr[NR];
+#pragma unroll
+    for (int i = 0; i < NR; ++i) wr[i] = reinterpret_cast<const uint4*>(w) + (size_t)min(row0 + i, n_out - 1) * CHUNKS;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const float4* g4 = reinterpret_cast<const float4*>(gamma);
+    float acc[NR], ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < NR; ++i) acc[i] = 0.f;
+#pragma unroll 1
+    for (int b = 0; b < BATCHES; ++b) {
+        uint4 a[NR][U];
+        if (b == 0) {
+            load_rows<true>(wr, 0, lane, a);
+            pdl_enter();
+        } else {
+            load_rows<false>(wr, b, lane, a);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = (b * U + u) * 32 + lane;
+            if (RAGGED && k >= CHUNKS) continue;
+            float4 xa = __ldg(x4 + 2 * k), xb = __ldg(x4 + 2 * k + 1);
+            if (NORM) {
+                ss = fmaf(xa.x, xa.x, fmaf(xa.y, xa.y, fmaf(xa.z, xa.z, fmaf(xa.w, xa.w, ss))));
+                ss = fmaf(xb.x, xb.x, fmaf(xb.y, xb.y, fmaf(xb.z, xb.z, fmaf(xb.w, xb.w, ss))));
+                xa = mul4(xa, __ldg(g4 + 2 * k));
+                xb = mul4(xb, __ldg(g4 + 2 * k + 1));
+            }
+#pragma unroll
+            for (int i = 0; i < NR; ++i) acc[i] = dot8(a[i][u], xa, xb, acc[i]);
+        }
+    }
+    const float r = NORM ? 1.0f / sqrtf(warp_sum(ss) / (float)K + eps) : 1.0f;
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+        const float t = warp_sum(acc[i]) * r;
+        if (lane == i) v = t;
+    }
+    const int row = row0 + lane;
+    if (lane >= NR || row >= n_out) return;
+    if (BIAS) v += bias[row];
+    y[row] = v;
+    if (ARGMAX) {
+        const unsigned long long key = argmax_key(v, row);
+        if (key > *(volatile unsigned long long*)amax) atomicMax(amax, key);
+    }
+}
+#elif EPI != 3
 // w: [ROWS * n_out, K] bf16; x: [K]; gamma: [K] (NORM); bias: [n_out] (BIAS); y: [n_out].
 // MINB caps registers so that ptxas keeps all U loads of a batch in flight
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)

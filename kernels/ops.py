@@ -8,10 +8,11 @@ import math
 from kernels.launch import Launch, Module
 
 EPI_STORE, EPI_ADD, EPI_SILU = 0, 1, 2
-GEMV_WARPS = 8
-GEMV_MINB = 2
+GEMV_WARPS = 4
+GEMV_MINB = 4  # blocks per SM the register cap allows: 16 warps
+GEMV_ROWS = 4
 ROPE_WARPS = 4
-ATTN_WARPS = 4
+ATTN_WARPS = 8
 COMBINE_WARPS = 4
 SAMPLE_BLOCK = 1024
 SAMPLE_CAP = 4096
@@ -42,17 +43,27 @@ def gemv_splitk(n_out: int, k: int, rows: int = 1) -> int:
     return s
 
 
+def gemv_rows(n_out: int, k: int, epi: int, splitk: int) -> int:
+    """Rows per warp: GEMV_ROWS for many short rows (a small model's lm_head), else 1."""
+    short_rows = epi == EPI_STORE and splitk == 1 and k <= 1024
+    return GEMV_ROWS if short_rows and n_out >= 8 * 48 * sm_count() else 1
+
+
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: int = EPI_STORE, eps: float = 0.0,
-         amax=None, splitk: int | None = None, minb: int = GEMV_MINB, pdl: bool = False) -> Launch:
+         amax=None, splitk: int | None = None, minb: int | None = None, rows: int | None = None,
+         pdl: bool = False) -> Launch:
     """y[n_out] (=, += or silu-gated) W x with W [rows, k] bf16; gamma fuses the RMSNorm of x.
 
     amax (a uint64 device word, EPI_STORE only) also receives the packed argmax of y.
+    rows > 1 (EPI_STORE, splitk 1) gives each warp that many consecutive rows.
     """
     if splitk is None:
         splitk = gemv_splitk(n_out, k)
+    if rows is None:
+        rows = gemv_rows(n_out, k, epi, splitk)
     mod = module("gemv", K=k, EPI=epi, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
-                 MINB=minb, ARGMAX=int(amax is not None))
-    grid = math.ceil(n_out / (GEMV_WARPS // splitk))
+                 MINB=minb or GEMV_MINB, ARGMAX=int(amax is not None), WARPS=GEMV_WARPS, NR=rows)
+    grid = math.ceil(n_out / (GEMV_WARPS // splitk * rows))
     return mod.function("gemv", "PPPPPifP").prepare(grid, GEMV_WARPS * 32,
                                                      [w, x, gamma, bias, y, n_out, eps, amax], pdl=pdl)
 
@@ -68,7 +79,7 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
     if splitk is None:
         splitk = gemv_splitk(n_pairs, k)
     mod = module("gemv", K=k, EPI=3, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
-                 MINB=GEMV_MINB, HD=hd)
+                 MINB=GEMV_MINB, HD=hd, WARPS=GEMV_WARPS)
     grid = math.ceil(n_pairs / (GEMV_WARPS // splitk))
     return mod.function("gemv_rope", "PPPPPifPPPPPiii").prepare(
         grid, GEMV_WARPS * 32, [w, x, gamma, bias, y, n_pairs, eps, state, cos, sin, k_cache, v_cache, nh, nkv,
@@ -93,7 +104,7 @@ def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: i
 def attn_partial(q, k_cache, v_cache, state, pm, pl, pacc, *, nh: int, nkv: int, hd: int, splits: int,
                  max_ctx: int, pdl: bool = False) -> Launch:
     scale2 = hd**-0.5 * LOG2E
-    mod = module("attention", HD=hd, G=nh // nkv)
+    mod = module("attention", HD=hd, G=nh // nkv, WARPS=ATTN_WARPS)
     return mod.function("attn_partial", "PPPPPPPif").prepare(
         (splits, nkv), ATTN_WARPS * 32, [q, k_cache, v_cache, state, pm, pl, pacc, max_ctx, scale2], pdl=pdl)
 
@@ -107,7 +118,7 @@ def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: 
     if not 1 <= splits <= ATTN_MAX_SPLITS:
         raise ValueError(f"attention splits must be in [1, {ATTN_MAX_SPLITS}], got {splits}")
     scale2 = hd**-0.5 * LOG2E
-    mod = module("attention", HD=hd, G=nh // nkv)
+    mod = module("attention", HD=hd, G=nh // nkv, WARPS=ATTN_WARPS)
     return mod.function("attn_decode", "PPPPPPPPPifi").prepare(
         (splits, nkv), ATTN_WARPS * 32,
         [q, k_cache, v_cache, state, pm, pl, pacc, out, counters, max_ctx, scale2, min_chunk or ATTN_MIN_CHUNK],

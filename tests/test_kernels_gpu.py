@@ -89,9 +89,15 @@ GEMV_CASES = [  # n_out, k, epi, norm, bias, splitk
 ]
 
 
+@pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("n_out,k,epi,norm,bias,splitk", GEMV_CASES)
-def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk):
+def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, warps, minb, monkeypatch):
     from kernels import ops
+
+    monkeypatch.setattr(ops, "GEMV_WARPS", warps)
+    monkeypatch.setattr(ops, "GEMV_MINB", minb)
+    if splitk is not None and splitk > warps:
+        pytest.skip("more warps per row than per block")
 
     rows = 2 * n_out if epi == ops.EPI_SILU else n_out
     wb, wf = bf16(rng.standard_normal((rows, k)) / math.sqrt(k))
@@ -121,6 +127,31 @@ def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk):
     assert err < FP32_TOL
 
 
+ROWS_CASES = [(1001, 896, True, True), (4099, 576, True, False), (50001, 64, False, True), (151936, 896, True, False),
+              (3, 1024, True, True)]
+
+
+@pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
+@pytest.mark.parametrize("n_out,k,norm,bias", ROWS_CASES)
+def test_gemv_rows_per_warp(cp, rng, n_out, k, norm, bias, warps, minb, monkeypatch):
+    from kernels import ops
+
+    monkeypatch.setattr(ops, "GEMV_WARPS", warps)
+    monkeypatch.setattr(ops, "GEMV_MINB", minb)
+    wb, wf = bf16(rng.standard_normal((n_out, k)) / math.sqrt(k))
+    x = rng.standard_normal(k).astype(np.float32) * 3
+    g = (0.5 + rng.random(k)).astype(np.float32)
+    b = rng.standard_normal(n_out).astype(np.float32)
+    eps = 1e-5
+    ref = wf.astype(np.float64) @ (rms(x, g, eps) if norm else x.astype(np.float64)) + (b if bias else 0)
+    y = cp.full(n_out, np.nan, cp.float32)
+    amax = cp.zeros(1, cp.uint64)
+    run(cp, ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
+                     bias=cp.asarray(b) if bias else None, eps=eps, amax=amax, splitk=1, rows=4))
+    assert amax.get()[0] == amax_of(y.get())[0]
+    assert rel(y.get(), ref) < FP32_TOL
+
+
 def _rope_cfg(nh, nkv, hd):
     from engine.config import ModelConfig, RopeScaling
 
@@ -139,9 +170,13 @@ GEMV_ROPE_CASES = [  # nh, nkv, hd, k, bias, splitk
 ]
 
 
+@pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("nh,nkv,hd,k,bias,splitk", GEMV_ROPE_CASES)
-def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk):
+def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, monkeypatch):
     from kernels import ops
+
+    monkeypatch.setattr(ops, "GEMV_WARPS", warps)
+    monkeypatch.setattr(ops, "GEMV_MINB", minb)
 
     n = (nh + 2 * nkv) * hd
     ctx, eps = 200, 1e-5
@@ -287,11 +322,14 @@ def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits):
         assert rel(out.get().reshape(nh, hd), ref) < FP32_TOL, f"nkv={nkv_rows}"
 
 
+@pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("splits,min_chunk", [(8, 1), (32, 4), (128, 2)])
 @pytest.mark.parametrize("nh,nkv,hd", ATTN_HEADS)
-def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min_chunk):
+def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min_chunk, warps, monkeypatch):
     from engine.reference import combine_splits
     from kernels import ops
+
+    monkeypatch.setattr(ops, "ATTN_WARPS", warps)
 
     ctx = 320
     kb, kf = bf16(rng.standard_normal((nkv, ctx, hd)))
@@ -385,6 +423,23 @@ def test_sample_matches_host_sampler(cp, rng, vocab, spread, temp, top_k, top_p)
         got = int(_draw(cp, parts, st, vocab)["token"])
         want = sample(x, params, step, seed)
         mismatches += got != want
+    assert mismatches == 0
+
+
+@pytest.mark.parametrize("levels,top_k", [(3, 40), (100, 40), (100000, 4096), (20, 1)])
+def test_sample_top_k_threshold_with_ties(cp, rng, levels, top_k):
+    # integer logits: the top-k threshold is shared by many tokens (more than fit in shared
+    # memory when levels = 3), which the radix select must count exactly
+    vocab = 151936
+    parts = _sampler(cp, vocab)
+    params = SamplingParams(temperature=1.3, top_k=top_k, top_p=0.9)
+    mismatches = 0
+    for _ in range(6):
+        x = (rng.integers(0, levels, vocab) * (8.0 / levels)).astype(np.float32)
+        parts[0].set(x)
+        seed, step = int(rng.integers(0, 2**63)), int(rng.integers(0, 1000))
+        st = state(cp, pos=0, prompt_len=1, seed=seed, step=step, temperature=1.3, top_k=top_k, top_p=0.9)
+        mismatches += int(_draw(cp, parts, st, vocab)["token"]) != sample(x, params, step, seed)
     assert mismatches == 0
 
 
