@@ -50,7 +50,7 @@ except Exception as e:
 EOF
 
 section "pytest -m gpu"
-timeout "${GPU_CHECK_PYTEST_TIMEOUT:-420}" "$PY" -m pytest -q -m gpu tests -rs 2>&1 | tee "$LOGS/pytest.log"
+timeout "${GPU_CHECK_PYTEST_TIMEOUT:-420}" "$PY" -m pytest -q -m gpu -n "${GPU_CHECK_WORKERS:-4}" -p no:cacheprovider --tb=short tests -rs 2>&1 | tee "$LOGS/pytest.log"
 rc=${PIPESTATUS[0]}
 summary=$(grep -E ' in [0-9.]+s' "$LOGS/pytest.log" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
 case $rc in
