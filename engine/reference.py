@@ -130,9 +130,7 @@ class ReferenceModel:
         self.pos = 0
 
     def reset(self) -> None:
-        """Forget the cached context."""
-        self.k.fill(0.0)
-        self.v.fill(0.0)
+        """Forget the cached context (rows at or past `pos` are never read, so nothing is cleared)."""
         self.pos = 0
 
     def prefill(self, ids, return_all: bool = False) -> np.ndarray:
