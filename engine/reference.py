@@ -46,21 +46,21 @@ def split_kv_partials(q, k, v, nkv: int, splits: int, scale: float | None = None
     scale = hd**-0.5 if scale is None else scale
     scale2 = np.float32(scale * LOG2E)
     chunk = -(-nkv // splits)
-    m = np.full((splits, nh), -np.inf, np.float32)
-    l = np.zeros((splits, nh), np.float32)
-    acc = np.zeros((splits, nh, hd), np.float32)
+    pad = splits * chunk - nkv
     qg = q.reshape(n_kv, g, hd)
-    for s in range(splits):
-        lo, hi = s * chunk, min((s + 1) * chunk, nkv)
-        if lo >= hi:
-            continue
-        # sc: [n_kv, g, rows]
-        sc = np.matmul(qg, k[:, lo:hi].transpose(0, 2, 1)) * scale2
-        ms = sc.max(axis=-1, keepdims=True)
-        p = np.exp2(sc - ms)
-        m[s] = ms.reshape(nh)
-        l[s] = p.sum(axis=-1).reshape(nh)
-        acc[s] = np.matmul(p, v[:, lo:hi]).reshape(nh, hd)
+    # sc: [n_kv, g, splits, chunk]; rows past nkv score -inf, so they (and empty splits) add nothing
+    sc = np.matmul(qg, k[:, :nkv].transpose(0, 2, 1)) * scale2
+    sc = np.concatenate([sc, np.full((n_kv, g, pad), -np.inf, np.float32)], axis=-1)
+    sc = sc.reshape(n_kv, g, splits, chunk)
+    ms = sc.max(axis=-1)
+    live = ms > -np.inf
+    p = np.where(live[..., None], np.exp2(sc - np.where(live, ms, 0)[..., None]), np.float32(0))
+    vp = np.concatenate([v[:, :nkv], np.zeros((n_kv, pad, hd), np.float32)], axis=1).reshape(n_kv, splits, chunk, hd)
+    # acc: [n_kv, splits, g, hd]
+    acc = np.matmul(p.transpose(0, 2, 1, 3), vp)
+    m = np.ascontiguousarray(ms.reshape(nh, splits).T, dtype=np.float32)
+    l = np.ascontiguousarray(p.sum(axis=-1).reshape(nh, splits).T, dtype=np.float32)
+    acc = np.ascontiguousarray(acc.transpose(1, 0, 2, 3).reshape(splits, nh, hd), dtype=np.float32)
     return m, l, acc
 
 
