@@ -60,6 +60,12 @@ case $rc in
     *) fail "pytest -m gpu" "FAILED (rc=$rc): ${summary:-no summary line}" ;;
 esac
 
+section "host cost per launch"
+# printed by the test itself; run alone (no workers) so its output reaches the log
+"$PY" -m pytest -q -s -p no:cacheprovider -p no:xdist tests/test_graph_gpu.py -k host_cost 2>&1 | tee "$LOGS/host.log"
+line=$(grep -E 'host per graph replay' "$LOGS/host.log" | tail -1 | sed 's/^ *//')
+record "host cost" "${line:-not measured}"
+
 section "bench"
 # a short benchmark: the peers' shapes at the depths they were measured at, graph and eager
 BENCHES=(
