@@ -8,6 +8,8 @@
 // ARGMAX (with EPI 0) also folds each row into *amax (argmax_key) for the greedy sampler, which
 // resets it; a row whose key is below the current one skips the atomic.
 // The first batch of weight loads is issued before waiting on the previous kernel (PDL).
+// Except with NR > 1, a block may take several rows per warp group, striding by the grid: a grid of
+// about one block per resident slot keeps every warp streaming from start to end.
 // budget: gemv=128 gemv_rope=128
 // defines: K=4096 EPI=0 NORM=1 BIAS=1
 // defines: K=14336 EPI=1 NORM=0 BIAS=0 SPLITK=4
@@ -80,15 +82,16 @@ __device__ __forceinline__ float4 mul4(float4 a, float4 b) {
     return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
 }
 
+// batch b of rows w0 (and w1 = w0 + off1 when ROWS == 2); a dead row loads nothing (zeros)
 template <bool EARLY>
-__device__ __forceinline__ void load_batch(const uint4* __restrict__ w0, const uint4* __restrict__ w1, int b,
-                                           int part, int lane, uint4 (&a)[U], uint4 (&c)[U]) {
+__device__ __forceinline__ void load_batch(const uint4* __restrict__ w0, size_t off1, bool live, int b, int part,
+                                           int lane, uint4 (&a)[U], uint4 (&c)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int k = ((b * U + u) * SPLITK + part) * 32 + lane;
-        const bool ok = !RAGGED || k < CHUNKS;
+        const bool ok = live && (!RAGGED || k < CHUNKS);
         a[u] = ok ? (EARLY ? ld_early(w0 + k) : ld_stream(w0 + k)) : make_uint4(0, 0, 0, 0);
-        if (ROWS == 2) c[u] = ok ? (EARLY ? ld_early(w1 + k) : ld_stream(w1 + k)) : make_uint4(0, 0, 0, 0);
+        if (ROWS == 2) c[u] = ok ? (EARLY ? ld_early(w0 + off1 + k) : ld_stream(w0 + off1 + k)) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -111,54 +114,80 @@ __device__ __forceinline__ void fma_batch(const float4* __restrict__ x4, const f
     }
 }
 
-// rows w0 (and w1 when ROWS == 2) times x, RMS-normalised with gamma when NORM. SPLITK warps share
-// the rows, each taking every SPLITK-th 512-byte segment; the sums are complete in the first
-// warp of the group (part 0). Every warp of the block must call this (the SPLITK merge syncs).
-__device__ __forceinline__ float2 dot_rows(const uint4* __restrict__ w0, const uint4* __restrict__ w1,
-                                           const float* __restrict__ x, const float* __restrict__ gamma,
-                                           float eps) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % SPLITK;
+// Rows r = (blockIdx.x + j gridDim.x) RPB + warp / SPLITK for j = 0, 1, ... while the block's first
+// row is below n: each row (w0 = row_of(r), w1 = w0 + off1) times x, RMS-normalised with gamma when
+// NORM, handed to epi(r, acc0, acc1) by lane 0 of the group's first warp. SPLITK warps share a row,
+// each taking every SPLITK-th 512-byte segment. Loads run one batch of U ahead of the FMAs, across
+// row boundaries, so each warp keeps weights in flight through every reduction and epilogue.
+// epi.begin() runs once, after the PDL wait.
+template <typename RowOf, typename Epi>
+__device__ __forceinline__ void stream_rows(int n, size_t off1, const float* __restrict__ x,
+                                            const float* __restrict__ gamma, float eps, RowOf row_of, Epi& epi) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = warp / SPLITK, part = warp % SPLITK;
     const float4* x4 = reinterpret_cast<const float4*>(x);
     const float4* g4 = reinterpret_cast<const float4*>(gamma);
-    float acc0 = 0.f, acc1 = 0.f, ss = 0.f;
-    uint4 a[U], c[U];
-#pragma unroll 1
-    for (int b = 0; b < BATCHES; ++b) {
-        if (b == 0) {
-            // the first batch of weights streams in while the previous kernel finishes
-            load_batch<true>(w0, w1, 0, part, lane, a, c);
-            pdl_enter();
-        } else {
-            load_batch<false>(w0, w1, b, part, lane, a, c);
-        }
-        fma_batch(x4, g4, b, part, lane, a, c, acc0, acc1, ss);
+    const int stride = gridDim.x * RPB;
+    __shared__ float red[2][WARPS][3];
+    int base = blockIdx.x * RPB;
+    if (base >= n) {
+        pdl_enter();
+        return;
     }
-    acc0 = warp_sum(acc0);
-    if (ROWS == 2) acc1 = warp_sum(acc1);
-    if (NORM) ss = warp_sum(ss);
-    if (SPLITK > 1) {
-        __shared__ float red[WARPS][3];
-        if (lane == 0) {
-            red[warp][0] = acc0;
-            red[warp][1] = acc1;
-            red[warp][2] = ss;
-        }
-        __syncthreads();
-        if (part == 0) {
+    uint4 a[U], c[U];
+    {
+        const int r = base + grp;
+        // the first batch of weights streams in while the previous kernel finishes
+        load_batch<true>(row_of(r < n ? r : 0), off1, r < n, 0, part, lane, a, c);
+    }
+    pdl_enter();
+    epi.begin();
+#pragma unroll 1
+    for (int j = 0; base < n; base += stride, ++j) {
+        const int r = base + grp;
+        if (SPLITK == 1 && r >= n) return;
+        float acc0 = 0.f, acc1 = 0.f, ss = 0.f;
+#pragma unroll 1
+        for (int b = 0; b < BATCHES; ++b) {
+            const bool next_row = b + 1 == BATCHES;
+            const int nr = next_row ? r + stride : r;
+            uint4 na[U], nc[U];
+            load_batch<false>(row_of(nr < n ? nr : 0), off1, nr < n, next_row ? 0 : b + 1, part, lane, na, nc);
+            fma_batch(x4, g4, b, part, lane, a, c, acc0, acc1, ss);
 #pragma unroll
-            for (int p = 1; p < SPLITK; ++p) {
-                acc0 += red[warp + p][0];
-                acc1 += red[warp + p][1];
-                ss += red[warp + p][2];
+            for (int u = 0; u < U; ++u) {
+                a[u] = na[u];
+                if (ROWS == 2) c[u] = nc[u];
             }
         }
+        acc0 = warp_sum(acc0);
+        if (ROWS == 2) acc1 = warp_sum(acc1);
+        if (NORM) ss = warp_sum(ss);
+        if (SPLITK > 1) {
+            // two buffers: a warp refills this one only after the next row's barrier
+            float (&rb)[WARPS][3] = red[j & 1];
+            if (lane == 0) {
+                rb[warp][0] = acc0;
+                rb[warp][1] = acc1;
+                rb[warp][2] = ss;
+            }
+            __syncthreads();
+            if (part == 0) {
+#pragma unroll
+                for (int p = 1; p < SPLITK; ++p) {
+                    acc0 += rb[warp + p][0];
+                    acc1 += rb[warp + p][1];
+                    ss += rb[warp + p][2];
+                }
+            }
+        }
+        if (part != 0 || r >= n || lane != 0) continue;
+        if (NORM) {
+            const float rs = 1.0f / sqrtf(ss / (float)K + eps);
+            acc0 *= rs;
+            acc1 *= rs;
+        }
+        epi(r, acc0, acc1);
     }
-    if (NORM) {
-        const float r = 1.0f / sqrtf(ss / (float)K + eps);
-        acc0 *= r;
-        acc1 *= r;
-    }
-    return make_float2(acc0, acc1);
 }
 
 #if NR > 1
@@ -234,6 +263,23 @@ gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __res
     }
 }
 #elif EPI != 3
+struct StoreRow {
+    const float* bias;
+    float* y;
+    unsigned long long* amax;
+    __device__ __forceinline__ void begin() {}
+    __device__ __forceinline__ void operator()(int row, float acc0, float acc1) {
+        const float v = BIAS ? acc0 + bias[row] : acc0;
+        if (EPI == 0) y[row] = v;
+        if (ARGMAX) {
+            const unsigned long long key = argmax_key(v, row);
+            if (key > *(volatile unsigned long long*)amax) atomicMax(amax, key);
+        }
+        if (EPI == 1) y[row] += acc0;
+        if (EPI == 2) y[row] = acc0 / (1.0f + expf(-acc0)) * acc1;
+    }
+};
+
 // w: [ROWS * n_out, K] bf16; x: [K]; gamma: [K] (NORM); bias: [n_out] (BIAS); y: [n_out].
 // MINB caps registers so that ptxas keeps all U loads of a batch in flight
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
@@ -241,61 +287,57 @@ gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __res
      const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
      unsigned long long* __restrict__ amax)
 {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * RPB + warp / SPLITK, part = warp % SPLITK;
-    const bool live = row < n_out;
-    if (SPLITK == 1 && !live) return;
-    // a dead row's warps stream row 0 and store nothing
-    const uint4* w0 = reinterpret_cast<const uint4*>(w) + (size_t)(live ? row : 0) * CHUNKS;
-    const float2 acc = dot_rows(w0, w0 + (size_t)n_out * CHUNKS, x, gamma, eps);
-    if (part != 0 || !live || lane != 0) return;
-    const float v = BIAS ? acc.x + bias[row] : acc.x;
-    if (EPI == 0) y[row] = v;
-    if (ARGMAX) {
-        const unsigned long long key = argmax_key(v, row);
-        if (key > *(volatile unsigned long long*)amax) atomicMax(amax, key);
-    }
-    if (EPI == 1) y[row] += acc.x;
-    if (EPI == 2) y[row] = acc.x / (1.0f + expf(-acc.x)) * acc.y;
+    const uint4* w4 = reinterpret_cast<const uint4*>(w);
+    StoreRow epi{bias, y, amax};
+    stream_rows(n_out, (size_t)n_out * CHUNKS, x, gamma, eps,
+                [&](int r) { return w4 + (size_t)r * CHUNKS; }, epi);
 }
 #else
+struct RopeRow {
+    const float* bias;
+    float* y;
+    const DecodeState* st;
+    const float *cos_t, *sin_t;
+    bf16 *k_cache, *v_cache;
+    int nh, nkv, max_ctx, pos;
+    __device__ __forceinline__ void begin() { pos = min(max(st->pos, 0), max_ctx - 1); }
+    __device__ __forceinline__ void operator()(int pair, float acc0, float acc1) {
+        const int head = pair / HALF, i = pair % HALF;
+        const int r0 = head * HD + i;
+        float a = BIAS ? acc0 + bias[r0] : acc0;
+        float b = BIAS ? acc1 + bias[r0 + HALF] : acc1;
+        if (head < nh + nkv) {
+            const float cf = cos_t[(size_t)pos * HALF + i], sf = sin_t[(size_t)pos * HALF + i];
+            const float lo = a * cf - b * sf;
+            const float hi = b * cf + a * sf;
+            a = lo;
+            b = hi;
+        }
+        y[r0] = a;
+        y[r0 + HALF] = b;
+        if (head >= nh) {
+            const bool is_v = head >= nh + nkv;
+            const int kvh = head - nh - (is_v ? nkv : 0);
+            bf16* dst = (is_v ? v_cache : k_cache) + ((size_t)kvh * max_ctx + pos) * HD + i;
+            dst[0] = f2bf(a);
+            dst[HALF] = f2bf(b);
+        }
+    }
+};
+
 // w: [(nh + 2 nkv) HD, K] bf16 (q, k, v heads); bias: [(nh + 2 nkv) HD] (BIAS); y: the same, f32;
 // cos, sin: [max_ctx, HD/2]; k_cache, v_cache: this layer's [nkv, max_ctx, HD] bf16, row
-// min(pos, max_ctx - 1) written; n_pairs = (nh + 2 nkv) HD / 2
+// min(pos, max_ctx - 1) written; n_pairs = (nh + 2 nkv) HD / 2. Pair p: rows i and i + HD/2 of head
+// p / (HD/2), i = p % (HD/2).
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 gemv_rope(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
           const float* __restrict__ bias, float* __restrict__ y, int n_pairs, float eps,
           const DecodeState* __restrict__ st, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
           bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int nh, int nkv, int max_ctx)
 {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int pair = blockIdx.x * RPB + warp / SPLITK, part = warp % SPLITK;
-    const bool live = pair < n_pairs;
-    if (SPLITK == 1 && !live) return;
-    const int p = live ? pair : 0;
-    const int head = p / HALF, i = p % HALF;
-    const int r0 = head * HD + i;
-    const uint4* w0 = reinterpret_cast<const uint4*>(w) + (size_t)r0 * CHUNKS;
-    const float2 acc = dot_rows(w0, w0 + (size_t)HALF * CHUNKS, x, gamma, eps);
-    if (part != 0 || !live || lane != 0) return;
-    float a = BIAS ? acc.x + bias[r0] : acc.x;
-    float b = BIAS ? acc.y + bias[r0 + HALF] : acc.y;
-    const int pos = min(max(st->pos, 0), max_ctx - 1);
-    if (head < nh + nkv) {
-        const float cf = cos_t[(size_t)pos * HALF + i], sf = sin_t[(size_t)pos * HALF + i];
-        const float lo = a * cf - b * sf;
-        const float hi = b * cf + a * sf;
-        a = lo;
-        b = hi;
-    }
-    y[r0] = a;
-    y[r0 + HALF] = b;
-    if (head >= nh) {
-        const bool is_v = head >= nh + nkv;
-        const int kvh = head - nh - (is_v ? nkv : 0);
-        bf16* dst = (is_v ? v_cache : k_cache) + ((size_t)kvh * max_ctx + pos) * HD + i;
-        dst[0] = f2bf(a);
-        dst[HALF] = f2bf(b);
-    }
+    const uint4* w4 = reinterpret_cast<const uint4*>(w);
+    RopeRow epi{bias, y, st, cos_t, sin_t, k_cache, v_cache, nh, nkv, max_ctx, 0};
+    stream_rows(n_pairs, (size_t)HALF * CHUNKS, x, gamma, eps,
+                [&](int p) { return w4 + (size_t)((p / HALF) * HD + p % HALF) * CHUNKS; }, epi);
 }
 #endif

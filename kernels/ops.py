@@ -11,6 +11,7 @@ EPI_STORE, EPI_ADD, EPI_SILU = 0, 1, 2
 GEMV_WARPS = 4
 GEMV_MINB = 4  # blocks per SM the register cap allows: 16 warps
 GEMV_ROWS = 4
+GEMV_WAVES = 1  # grid of GEMV_WAVES blocks per resident slot, rows striding over it; 0: a block per row group
 ROPE_WARPS = 4
 ATTN_WARPS = 8
 COMBINE_WARPS = 4
@@ -49,27 +50,42 @@ def gemv_rows(n_out: int, k: int, epi: int, splitk: int) -> int:
     return GEMV_ROWS if short_rows and n_out >= 8 * 48 * sm_count() else 1
 
 
+def gemv_grid(groups: int, minb: int, blocks: int | None = None) -> int:
+    """Blocks for `groups` blocks' worth of rows: at most `blocks` (default GEMV_WAVES per resident
+    slot); rows stride over the grid."""
+    if blocks is None:
+        if not GEMV_WAVES:
+            return groups
+        blocks = GEMV_WAVES * minb * sm_count()
+    return max(1, min(groups, blocks))
+
+
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: int = EPI_STORE, eps: float = 0.0,
          amax=None, splitk: int | None = None, minb: int | None = None, rows: int | None = None,
-         pdl: bool = False) -> Launch:
+         blocks: int | None = None, pdl: bool = False) -> Launch:
     """y[n_out] (=, += or silu-gated) W x with W [rows, k] bf16; gamma fuses the RMSNorm of x.
 
     amax (a uint64 device word, EPI_STORE only) also receives the packed argmax of y.
     rows > 1 (EPI_STORE, splitk 1) gives each warp that many consecutive rows.
+    blocks caps the grid (rows stride over it; rows == 1 only).
     """
     if splitk is None:
         splitk = gemv_splitk(n_out, k)
     if rows is None:
         rows = gemv_rows(n_out, k, epi, splitk)
+    minb = minb or GEMV_MINB
     mod = module("gemv", K=k, EPI=epi, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
-                 MINB=minb or GEMV_MINB, ARGMAX=int(amax is not None), WARPS=GEMV_WARPS, NR=rows)
+                 MINB=minb, ARGMAX=int(amax is not None), WARPS=GEMV_WARPS, NR=rows)
     grid = math.ceil(n_out / (GEMV_WARPS // splitk * rows))
+    if rows == 1:
+        grid = gemv_grid(grid, minb, blocks)
     return mod.function("gemv", "PPPPPifP").prepare(grid, GEMV_WARPS * 32,
                                                      [w, x, gamma, bias, y, n_out, eps, amax], pdl=pdl)
 
 
 def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
-              max_ctx: int, eps: float, splitk: int | None = None, pdl: bool = False) -> Launch:
+              max_ctx: int, eps: float, splitk: int | None = None, blocks: int | None = None,
+              pdl: bool = False) -> Launch:
     """The QKV projection with RoPE and the K/V append fused into its epilogue (no per-head norm).
 
     y [(nh + 2 nkv) hd] gets q and k rotated at the state's position and v; k and v also go to the
@@ -80,7 +96,7 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
         splitk = gemv_splitk(n_pairs, k)
     mod = module("gemv", K=k, EPI=3, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
                  MINB=GEMV_MINB, HD=hd, WARPS=GEMV_WARPS)
-    grid = math.ceil(n_pairs / (GEMV_WARPS // splitk))
+    grid = gemv_grid(math.ceil(n_pairs / (GEMV_WARPS // splitk)), GEMV_MINB, blocks)
     return mod.function("gemv_rope", "PPPPPifPPPPPiii").prepare(
         grid, GEMV_WARPS * 32, [w, x, gamma, bias, y, n_pairs, eps, state, cos, sin, k_cache, v_cache, nh, nkv,
                                 max_ctx], pdl=pdl)

@@ -89,9 +89,10 @@ GEMV_CASES = [  # n_out, k, epi, norm, bias, splitk
 ]
 
 
+@pytest.mark.parametrize("blocks", [None, 3])
 @pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("n_out,k,epi,norm,bias,splitk", GEMV_CASES)
-def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, warps, minb, monkeypatch):
+def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, warps, minb, blocks, monkeypatch):
     from kernels import ops
 
     monkeypatch.setattr(ops, "GEMV_WARPS", warps)
@@ -118,7 +119,8 @@ def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, warps, minb, monkeypat
     y = cp.asarray(y0) if epi == ops.EPI_ADD else cp.full(n_out, np.nan, cp.float32)
     amax = cp.zeros(1, cp.uint64) if epi == ops.EPI_STORE else None
     launch = ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
-                      bias=cp.asarray(b) if bias else None, epi=epi, eps=eps, amax=amax, splitk=splitk)
+                      bias=cp.asarray(b) if bias else None, epi=epi, eps=eps, amax=amax, splitk=splitk,
+                      blocks=blocks)  # 3 blocks: each strides over many rows
     run(cp, launch)
     if amax is not None:
         assert amax.get()[0] == amax_of(y.get())[0]
@@ -170,9 +172,10 @@ GEMV_ROPE_CASES = [  # nh, nkv, hd, k, bias, splitk
 ]
 
 
+@pytest.mark.parametrize("blocks", [None, 5])
 @pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("nh,nkv,hd,k,bias,splitk", GEMV_ROPE_CASES)
-def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, monkeypatch):
+def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks, monkeypatch):
     from kernels import ops
 
     monkeypatch.setattr(ops, "GEMV_WARPS", warps)
@@ -194,7 +197,7 @@ def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, monkeypat
         vc = kc.copy()
         launch = ops.gemv_rope(d_w, cp.asarray(x), cp.asarray(g), cp.asarray(b) if bias else None, y,
                                state(cp, pos=pos), d_cos, d_sin, kc, vc, nh=nh, nkv=nkv, hd=hd, k=k, max_ctx=ctx,
-                               eps=eps, splitk=splitk)
+                               eps=eps, splitk=splitk, blocks=blocks)
         run(cp, launch)
         p = min(pos, ctx - 1)
         q = _rope_ref(full[: nh * hd].reshape(nh, hd), None, cos[p], sin[p], eps)
