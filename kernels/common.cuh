@@ -102,3 +102,22 @@ __device__ __forceinline__ float group_sum(float v) {
     for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+
+// RMSNorm of one head held by a warp as rotate-half pairs: lane owns a[j] = x[lane + 32j] and
+// b[j] = x[lane + 32j + D/2] (Qwen3's q/k norm, applied before RoPE)
+template <int D, int N>
+__device__ __forceinline__ void head_rms_norm(float (&a)[N], float (&b)[N], const float* g, float eps,
+                                              int lane) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < N; ++j) ss = fmaf(a[j], a[j], fmaf(b[j], b[j], ss));
+    const float r = 1.0f / sqrtf(warp_sum(ss) / (float)D + eps);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const int i = lane + 32 * j;
+        if (i < D / 2) {
+            a[j] = a[j] * r * g[i];
+            b[j] = b[j] * r * g[i + D / 2];
+        }
+    }
+}

@@ -36,21 +36,7 @@ rope_append(float* __restrict__ qkv, const float* __restrict__ q_norm, const flo
         a[j] = i < HALF ? src[i] : 0.f;
         b[j] = i < HALF ? src[i + HALF] : 0.f;
     }
-    if (QK_NORM) {
-        float ss = 0.f;
-#pragma unroll
-        for (int j = 0; j < PER; ++j) ss = fmaf(a[j], a[j], fmaf(b[j], b[j], ss));
-        const float r = 1.0f / sqrtf(warp_sum(ss) / (float)HD + eps);
-        const float* g = is_k ? k_norm : q_norm;
-#pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            const int i = lane + 32 * j;
-            if (i < HALF) {
-                a[j] = a[j] * r * g[i];
-                b[j] = b[j] * r * g[i + HALF];
-            }
-        }
-    }
+    if (QK_NORM) head_rms_norm<HD>(a, b, is_k ? k_norm : q_norm, eps, lane);
     bf16* kdst = k_cache + ((size_t)(head - nh) * max_ctx + pos) * HD;
     bf16* vdst = v_cache + ((size_t)(head - nh) * max_ctx + pos) * HD;
     const float* vsrc = qkv + (size_t)(nkv + head) * HD;
