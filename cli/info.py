@@ -7,7 +7,7 @@ import typer
 from cli.main import app
 from engine.config import ModelConfig
 from engine.llm import DEFAULT_MODEL
-from engine.weights import load_weights
+from engine.weights import checkpoint_bytes, load_weights, weight_arrays
 
 
 def _gb(n: int) -> str:
@@ -19,10 +19,7 @@ def info(model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Huggin
     """Print a model's architecture, size and KV-cache cost per token."""
     cfg = ModelConfig.from_dir(model)
     w = load_weights(model, cfg)
-    arrays = [w.embed, w.final_norm] + ([] if w.lm_head is w.embed else [w.lm_head])
-    for layer in w.layers:
-        arrays += [a for a in vars(layer).values() if a is not None]
-    params = sum(a.size for a in arrays)
+    params = sum(a.size for a in weight_arrays(w))
     rows = [
         ("architecture", f"{cfg.arch} ({cfg.num_layers} layers, hidden {cfg.hidden_size}, "
                          f"ffn {cfg.intermediate_size})"),
@@ -31,7 +28,7 @@ def info(model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Huggin
         ("context", f"{cfg.max_position_embeddings} tokens, rope theta {cfg.rope_theta:g}"
          + (" (llama3 scaling)" if cfg.rope_scaling else "")),
         ("parameters", f"{params:,} ({params / 1e6:.1f} M)"),
-        ("weight bytes", f"{_gb(sum(a.nbytes for a in arrays))} as stored ({w.embed.dtype}); "
+        ("weight bytes", f"{_gb(checkpoint_bytes(w))} as stored ({w.embed.dtype}); "
          f"{_gb(2 * params)} in bf16"),
         ("KV bytes per token", f"{cfg.kv_bytes_per_token(2):,} (bf16)"),
     ]

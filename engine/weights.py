@@ -217,11 +217,16 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig) -> ModelWeights:
     return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 
 
-def checkpoint_bytes(weights: ModelWeights) -> int:
-    """Bytes of all weight arrays, counting a tied lm_head once."""
+def weight_arrays(weights: ModelWeights) -> list[np.ndarray]:
+    """Every weight array once (a tied lm_head is the embedding)."""
     arrays = [weights.embed, weights.final_norm]
     if weights.lm_head is not weights.embed:
         arrays.append(weights.lm_head)
     for layer in weights.layers:
         arrays += [a for a in vars(layer).values() if a is not None]
-    return sum(a.nbytes for a in arrays)
+    return arrays
+
+
+def checkpoint_bytes(weights: ModelWeights) -> int:
+    """Bytes of all weight arrays, counting a tied lm_head once."""
+    return sum(a.nbytes for a in weight_arrays(weights))
