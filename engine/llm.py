@@ -76,8 +76,7 @@ class LLM:
 
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
         if chat:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
         return self.tokenizer.encode(prompt)
 
     def generate(self, prompt: str, params: SamplingParams = SamplingParams(), chat: bool = False
