@@ -7,7 +7,9 @@
 // NR > 1 (EPI 0): NR consecutive rows per warp.
 // ARGMAX (with EPI 0) also folds each row into *amax (argmax_key) for the greedy sampler, which
 // resets it; a row whose key is below the current one skips the atomic.
-// The first batch of weight loads is issued before waiting on the previous kernel (PDL).
+// The first batch of weight loads is issued before waiting on the previous kernel (PDL); with
+// pf > 0, each row group also asks L2 for its first pf rows then, so a small matrix streams in
+// while the previous kernel (attention, or a GEMV's tail) leaves bandwidth unused.
 // Except with NR > 1, a block may take several rows per warp group, striding by the grid: a grid of
 // about one block per resident slot keeps every warp streaming from start to end.
 // budget: gemv=128 gemv_rope=128
@@ -19,6 +21,9 @@
 // defines: K=72 EPI=0 NORM=0 BIAS=1 NR=4
 // defines: K=64 EPI=2 NORM=1 BIAS=0
 // defines: K=4096 EPI=3 NORM=1 BIAS=0 HD=128 SPLITK=2
+// defines: K=4096 EPI=3 NORM=1 BIAS=0 HD=128 SPLITK=2 WARPS=4 MINB=4
+// defines: K=14336 EPI=1 NORM=0 BIAS=0 SPLITK=2 WARPS=4 MINB=4
+// defines: K=4096 EPI=2 NORM=1 BIAS=0 WARPS=4 MINB=4
 // defines: K=896 EPI=3 NORM=1 BIAS=1 HD=64
 // defines: K=64 EPI=3 NORM=1 BIAS=1 HD=16
 #include "common.cuh"
@@ -122,7 +127,8 @@ __device__ __forceinline__ void fma_batch(const float4* __restrict__ x4, const f
 // epi.begin() runs once, after the PDL wait.
 template <typename RowOf, typename Epi>
 __device__ __forceinline__ void stream_rows(int n, size_t off1, const float* __restrict__ x,
-                                            const float* __restrict__ gamma, float eps, RowOf row_of, Epi& epi) {
+                                            const float* __restrict__ gamma, float eps, int pf, RowOf row_of,
+                                            Epi& epi) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = warp / SPLITK, part = warp % SPLITK;
     const float4* x4 = reinterpret_cast<const float4*>(x);
     const float4* g4 = reinterpret_cast<const float4*>(gamma);
@@ -138,6 +144,14 @@ __device__ __forceinline__ void stream_rows(int n, size_t off1, const float* __r
         const int r = base + grp;
         // the first batch of weights streams in while the previous kernel finishes
         load_batch<true>(row_of(r < n ? r : 0), off1, r < n, 0, part, lane, a, c);
+    }
+    if (pf > 0) {
+        // rows j = 0 .. pf - 1 of this group into L2 (row 0 only when one batch does not cover it)
+        const int j = lane + (BATCHES == 1 ? 1 : 0), r = base + grp + j * stride;
+        if (part == 0 && j < pf && r < n) {
+            prefetch_l2(row_of(r), CHUNKS * 16);
+            if (ROWS == 2) prefetch_l2(row_of(r) + off1, CHUNKS * 16);
+        }
     }
     pdl_enter();
     epi.begin();
@@ -208,7 +222,7 @@ __device__ __forceinline__ void load_rows(const uint4* const (&wr)[NR], int b, i
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
      const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
-     unsigned long long* __restrict__ amax)
+     unsigned long long* __restrict__ amax, int pf)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * WARPS + warp) * NR;
@@ -285,11 +299,11 @@ struct StoreRow {
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
      const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
-     unsigned long long* __restrict__ amax)
+     unsigned long long* __restrict__ amax, int pf)
 {
     const uint4* w4 = reinterpret_cast<const uint4*>(w);
     StoreRow epi{bias, y, amax};
-    stream_rows(n_out, (size_t)n_out * CHUNKS, x, gamma, eps,
+    stream_rows(n_out, (size_t)n_out * CHUNKS, x, gamma, eps, pf,
                 [&](int r) { return w4 + (size_t)r * CHUNKS; }, epi);
 }
 #else
@@ -333,11 +347,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 gemv_rope(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
           const float* __restrict__ bias, float* __restrict__ y, int n_pairs, float eps,
           const DecodeState* __restrict__ st, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int nh, int nkv, int max_ctx)
+          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int nh, int nkv, int max_ctx, int pf)
 {
     const uint4* w4 = reinterpret_cast<const uint4*>(w);
     RopeRow epi{bias, y, st, cos_t, sin_t, k_cache, v_cache, nh, nkv, max_ctx, 0};
-    stream_rows(n_pairs, (size_t)HALF * CHUNKS, x, gamma, eps,
+    stream_rows(n_pairs, (size_t)HALF * CHUNKS, x, gamma, eps, pf,
                 [&](int p) { return w4 + (size_t)((p / HALF) * HD + p % HALF) * CHUNKS; }, epi);
 }
 #endif

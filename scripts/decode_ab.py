@@ -1,51 +1,84 @@
 """A/B of decode-kernel settings in one process: tok/s per variant and depth, same copy bandwidth.
 
-PYTHONPATH=. python3 scripts/decode_ab.py [shape ...]
-With scripts/gemv_head.cu present (an earlier kernels/gemv.cu), variant "head" runs it on a full grid.
+PYTHONPATH=. python3 scripts/decode_ab.py [--profile] [shape ...]
+
+Each variant sets module attributes of kernels.ops (and optionally the attention split count), then
+the step is rebuilt and captured again over the same weights and cache. --profile also prints, for
+the first and last variant at each depth, the marginal cost of every kernel kind inside the graph:
+the step's replay time minus the replay time of the step without that kind (PDL overlap included).
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
-from pathlib import Path
 
 from engine import bench as B
 from engine.backend_cuda import CudaBackend
 from engine.shapes import shape as named_shape
-from graphs.decode import DecodeStep
+from graphs.decode import DecodeStep, step_launches
+from graphs.graph import capture
 from kernels import ops
 from kernels.bandwidth import copy_bandwidth
 
-MODULE = ops.module
-HEAD = Path(__file__).with_name("gemv_head.cu")
-
-
-def head_module(source, **defines):
-    return MODULE(str(HEAD) if source == "gemv" else source, **defines)
-
-
-DEFAULTS = dict(GEMV_WAVES=ops.GEMV_WAVES, GEMV_WARPS=ops.GEMV_WARPS, GEMV_MINB=ops.GEMV_MINB,
-                ATTN_WARPS=ops.ATTN_WARPS, module=MODULE)
-VARIANTS = {  # name: ops settings
-    "head": dict(GEMV_WAVES=0, module=head_module),
-    "waves0": dict(GEMV_WAVES=0),
-    "waves1": dict(GEMV_WAVES=1),
-    "waves1/w8": dict(GEMV_WAVES=1, GEMV_WARPS=8, GEMV_MINB=2),
-    "waves1/attn4": dict(GEMV_WAVES=1, ATTN_WARPS=4),
+KNOBS = ("GEMV_WAVES", "GEMV_WARPS", "GEMV_MINB", "GEMV_PREFETCH_MB", "ATTN_WARPS", "ATTN_BULK", "ATTN_STAGES",
+         "ATTN_R")
+DEFAULTS = {k: getattr(ops, k) for k in KNOBS}
+VARIANTS = {  # name: ops settings (+ "splits")
+    "reg": dict(ATTN_BULK=False, GEMV_PREFETCH_MB=0),
+    "reg+pf16": dict(ATTN_BULK=False, GEMV_PREFETCH_MB=16),
+    "reg+pf32": dict(ATTN_BULK=False, GEMV_PREFETCH_MB=32),
+    "bulk4": dict(ATTN_BULK=True, ATTN_STAGES=4, GEMV_PREFETCH_MB=0),
+    "bulk6": dict(ATTN_BULK=True, ATTN_STAGES=6, GEMV_PREFETCH_MB=0),
+    "bulk4/s32": dict(ATTN_BULK=True, ATTN_STAGES=4, GEMV_PREFETCH_MB=0, splits=32),
+    "bulk4+pf32": dict(ATTN_BULK=True, ATTN_STAGES=4, GEMV_PREFETCH_MB=32),
+    "bulk6+pf32": dict(ATTN_BULK=True, ATTN_STAGES=6, GEMV_PREFETCH_MB=32),
 }
 PLAN = {
     "llama3-8b": ([0, 8192, 32768], list(VARIANTS)),
-    "qwen2.5-0.5b": ([0, 8192], ["head", "waves1", "waves1/attn4"]),
+    "qwen2.5-0.5b": ([0, 8192], ["reg", "reg+pf16", "bulk4", "bulk6", "bulk4+pf32"]),
 }
-BREAKDOWN = ("head", "waves1")
 
 
 def apply(settings: dict):
     for k, v in {**DEFAULTS, **settings}.items():
-        setattr(ops, k, v)
+        if k != "splits":
+            setattr(ops, k, v)
 
 
-def main(shapes):
+def replay_ms(backend, graph, depth: int, n: int = 64) -> float:
+    timer = B.Timer(backend.stream)
+    times = []
+    for _ in range(4):
+        B.set_position(backend, depth)
+        times.append(timer(lambda: [graph.replay(backend.stream) for _ in range(n)]))
+    return statistics.median(times[1:]) / n
+
+
+def profile(backend, depth: int):
+    """Marginal graph-replay cost of each kernel kind (sample is always kept: it advances the position)."""
+    cfg, s = backend.cfg, backend.stream
+    launches = step_launches(cfg, backend.weights, backend.bufs)
+    kinds = B.kernel_kinds(cfg, len(launches))
+
+    def graph_of(keep):
+        g = capture(s, lambda: [launch(s) for launch, kind in zip(launches, kinds, strict=True) if keep(kind)])
+        s.synchronize()
+        return g
+
+    full = replay_ms(backend, graph_of(lambda k: True), depth)
+    out = [f"step {1e3 * full:.1f}us"]
+    for kind in dict.fromkeys(kinds):
+        if kind == "sample":
+            continue
+        without = replay_ms(backend, graph_of(lambda k, kind=kind: k != kind), depth)
+        out.append(f"{kind}={1e3 * (full - without):.1f}")
+    return "  ".join(out)
+
+
+def main(argv):
+    do_profile = "--profile" in argv
+    shapes = [a for a in argv if not a.startswith("--")] or list(PLAN)
     copy_gbs = copy_bandwidth(4 << 30, 10)
     print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
     for name in shapes:
@@ -54,24 +87,24 @@ def main(shapes):
         need = max(depths) + B.TG_TOKENS + B.WARMUP + 1
         apply({})
         backend = CudaBackend(cfg, None, max_context=need)
+        splits0 = backend.bufs.attn_splits
         B.fill_cache(backend)
         for d in depths:
             B.fill_depth(backend, d)
             for v in variants:
-                if v == "head" and not HEAD.exists():
-                    continue
-                apply(VARIANTS[v])
+                settings = VARIANTS[v]
+                apply(settings)
+                backend.bufs.attn_splits = min(settings.get("splits", splits0), splits0)
                 backend.step = DecodeStep(cfg, backend.weights, backend.bufs, backend.stream)
-                r = B.bench_tg(backend, d, 3, True, copy_gbs)
-                print(f"{name} d={d:<6} {v:<18} {r.tok_s:8.1f} tok/s {r.ms_per_token:.4f} ms "
+                r = B.bench_tg(backend, d, 5, True, copy_gbs)
+                print(f"{name} d={d:<6} {v:<12} {r.tok_s:8.1f} tok/s {r.ms_per_token:.4f} ms "
                       f"{r.pct_copy:5.1f}% copy", flush=True)
-                if name == "llama3-8b" and v in BREAKDOWN and d in (0, 32768):
-                    rows = B.breakdown(backend, d, 3)
-                    print("   " + "  ".join(f"{k['kernel']}={k['us_per_launch']:.1f}us/{k['gb_s']:.0f}"
-                                            for k in rows), flush=True)
+                if do_profile and v in (variants[0], variants[-1]):
+                    print("   " + profile(backend, d), flush=True)
+            backend.bufs.attn_splits = splits0
         del backend
     apply({})
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(PLAN))
+    main(sys.argv[1:])

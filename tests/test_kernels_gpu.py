@@ -120,7 +120,8 @@ def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, warps, minb, blocks, m
     amax = cp.zeros(1, cp.uint64) if epi == ops.EPI_STORE else None
     launch = ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
                       bias=cp.asarray(b) if bias else None, epi=epi, eps=eps, amax=amax, splitk=splitk,
-                      blocks=blocks)  # 3 blocks: each strides over many rows
+                      blocks=blocks, prefetch_mb=1e3 if blocks else 0)
+    # 3 blocks: each strides over many rows, and asks L2 for up to 32 of them before the PDL wait
     run(cp, launch)
     if amax is not None:
         assert amax.get()[0] == amax_of(y.get())[0]
@@ -197,7 +198,7 @@ def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks, m
         vc = kc.copy()
         launch = ops.gemv_rope(d_w, cp.asarray(x), cp.asarray(g), cp.asarray(b) if bias else None, y,
                                state(cp, pos=pos), d_cos, d_sin, kc, vc, nh=nh, nkv=nkv, hd=hd, k=k, max_ctx=ctx,
-                               eps=eps, splitk=splitk, blocks=blocks)
+                               eps=eps, splitk=splitk, blocks=blocks, prefetch_mb=1e3 if blocks else 0)
         run(cp, launch)
         p = min(pos, ctx - 1)
         q = _rope_ref(full[: nh * hd].reshape(nh, hd), None, cos[p], sin[p], eps)
@@ -288,11 +289,14 @@ def _attn_nkvs(splits, top=300):
     return sorted(n for n in out if 1 <= n <= top)
 
 
+@pytest.mark.parametrize("bulk", [False, True])
 @pytest.mark.parametrize("splits", [8, 32])
 @pytest.mark.parametrize("nh,nkv,hd", ATTN_HEADS)
-def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits):
+def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits, bulk, monkeypatch):
     from engine.reference import combine_splits
     from kernels import ops
+
+    monkeypatch.setattr(ops, "ATTN_BULK", bulk)
 
     ctx = 320
     kb, kf = bf16(rng.standard_normal((nkv, ctx, hd)))
@@ -325,14 +329,17 @@ def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits):
         assert rel(out.get().reshape(nh, hd), ref) < FP32_TOL, f"nkv={nkv_rows}"
 
 
-@pytest.mark.parametrize("warps", [4, 8])
+@pytest.mark.parametrize("warps,bulk,stages", [(4, False, 0), (8, False, 0), (8, True, 4), (4, True, 6)])
 @pytest.mark.parametrize("splits,min_chunk", [(8, 1), (32, 4), (128, 2)])
 @pytest.mark.parametrize("nh,nkv,hd", ATTN_HEADS)
-def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min_chunk, warps, monkeypatch):
+def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min_chunk, warps, bulk, stages,
+                                               monkeypatch):
     from engine.reference import combine_splits
     from kernels import ops
 
     monkeypatch.setattr(ops, "ATTN_WARPS", warps)
+    monkeypatch.setattr(ops, "ATTN_BULK", bulk)
+    monkeypatch.setattr(ops, "ATTN_STAGES", stages or ops.ATTN_STAGES)
 
     ctx = 320
     kb, kf = bf16(rng.standard_normal((nkv, ctx, hd)))
@@ -355,6 +362,35 @@ def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min
         ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), kf, vf, rows, active))
         assert rel(out.get().reshape(nh, hd), ref) < FP32_TOL, f"nkv={nkv_rows} active={active}"
         assert (counters.get() == 0).all(), "the merging block resets its counter"
+
+
+@pytest.mark.parametrize("bulk,stages", [(False, 0), (True, 4), (True, 5)])
+@pytest.mark.parametrize("nh,nkv,hd", [(32, 8, 128), (14, 2, 64)])
+def test_attention_long_splits(cp, rng, nh, nkv, hd, bulk, stages, monkeypatch):
+    """Thousands of rows per split: every warp's ring of stages wraps many times."""
+    from engine.reference import combine_splits
+    from kernels import ops
+
+    monkeypatch.setattr(ops, "ATTN_BULK", bulk)
+    monkeypatch.setattr(ops, "ATTN_STAGES", stages or ops.ATTN_STAGES)
+    ctx, splits = 6000, 3
+    kb, kf = bf16(rng.standard_normal((nkv, ctx, hd)))
+    vb, vf = bf16(rng.standard_normal((nkv, ctx, hd)))
+    pm = cp.empty((nh, splits), cp.float32)
+    pl, pacc = cp.empty_like(pm), cp.empty((nh, splits, hd), cp.float32)
+    out = cp.empty(nh * hd, cp.float32)
+    counters = cp.zeros(nkv, cp.uint32)
+    for rows in (5999, 4097, 1000):
+        q = (rng.standard_normal(nh * hd) * 0.3).astype(np.float32)
+        kp, vp = kb.copy(), vb.copy()
+        kp[:, rows:], vp[:, rows:] = 0x7FC0, 0x7FC0
+        for a in (pm, pl, pacc, out):
+            a.fill(np.nan)
+        run(cp, ops.attn_decode(cp.asarray(q), cp.asarray(kp), cp.asarray(vp), state(cp, pos=rows - 1), pm, pl,
+                                pacc, out, counters, nh=nh, nkv=nkv, hd=hd, splits=splits, max_ctx=ctx,
+                                min_chunk=1))
+        ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), kf, vf, rows, splits))
+        assert rel(out.get().reshape(nh, hd), ref) < FP32_TOL, f"nkv={rows}"
 
 
 def _sampler(cp, vocab, max_ctx=64):
