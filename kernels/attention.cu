@@ -348,7 +348,6 @@ __device__ __forceinline__ void attend_bulk(const float* __restrict__ q, const b
     __syncthreads();
 }
 
-static_assert(sizeof(Merged) <= RING_BYTES, "the block's partial reuses the ring");
 extern __shared__ __align__(128) unsigned char attn_ring[];
 // the block's partial: in the ring (BULK) or its own static array
 #define BLOCK_MERGED Merged& sm = *reinterpret_cast<Merged*>(attn_ring)
@@ -411,12 +410,17 @@ attn_partial(const float* __restrict__ q, const bf16* __restrict__ k_cache, cons
 // the last block of kv head kvh: out = sum_s w_s acc_s / l_s / sum_s w_s over the active splits,
 // w_s = 2^(m_s + log2 l_s - max); partials are read through L2 (other blocks wrote them). GROUPS
 // thread groups take interleaved runs of CB splits, then sum in group order; sm is free by now.
+struct CombineScratch {
+    float wgt[G][MAX_SPLITS];
+    float inv_den[G];
+};
+
 __device__ __forceinline__ void combine(const float* pm, const float* pl, const float* pacc, float* __restrict__ out,
-                                        int kvh, int splits, int active, Merged& sm) {
+                                        int kvh, int splits, int active, Merged& sm, CombineScratch& cs) {
     constexpr int VEC = HD / 4, COLS = G * VEC, THREADS = WARPS * 32, PER = MAX_SPLITS / 32;
     constexpr int GROUPS = COLS >= THREADS ? 1 : (THREADS / COLS < WARPS ? THREADS / COLS : WARPS);
-    __shared__ float wgt[G][MAX_SPLITS];
-    __shared__ float inv_den[G];
+    float (&wgt)[G][MAX_SPLITS] = cs.wgt;
+    float (&inv_den)[G] = cs.inv_den;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int g = warp; g < G; g += WARPS) {
         const size_t h = (size_t)kvh * G + g;
@@ -525,6 +529,12 @@ attn_decode(const float* __restrict__ q, const bf16* __restrict__ k_cache, const
     }
     __syncthreads();
     if (!last) return;
-    combine(pm, pl, pacc, out, kvh, splits, active, sm);
+#if BULK
+    static_assert(sizeof(Merged) + sizeof(CombineScratch) <= RING_BYTES, "the partial and the combine reuse the ring");
+    CombineScratch& cs = *reinterpret_cast<CombineScratch*>(attn_ring + sizeof(Merged));
+#else
+    __shared__ CombineScratch cs;
+#endif
+    combine(pm, pl, pacc, out, kvh, splits, active, sm, cs);
     if (threadIdx.x == 0) counters[kvh] = 0;
 }

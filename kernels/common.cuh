@@ -36,11 +36,6 @@ __device__ __forceinline__ uint4 ld_early(const uint4* p) {
     return r;
 }
 
-// ask L2 to fetch [p, p + bytes) (bytes a multiple of 16, p 16-byte aligned); no registers, no wait
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
-}
-
 __device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float bf2f(bf16 b) { return __uint_as_float(((unsigned)b) << 16); }

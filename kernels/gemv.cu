@@ -5,11 +5,9 @@
 // 3 (gemv_rope) the fused QKV projection: a warp takes rows i and i + HD/2 of one head, rotates
 // q and k heads at the state's position into y, and appends k and v as bf16 to the cache.
 // NR > 1 (EPI 0): NR consecutive rows per warp.
-// ARGMAX (with EPI 0) also folds each row into *amax (argmax_key) for the greedy sampler, which
-// resets it; a row whose key is below the current one skips the atomic.
-// The first batch of weight loads is issued before waiting on the previous kernel (PDL); with
-// pf > 0, each row group also asks L2 for its first pf rows then, so a small matrix streams in
-// while the previous kernel (attention, or a GEMV's tail) leaves bandwidth unused.
+// ARGMAX (with EPI 0) also folds the rows into *amax (argmax_key) for the greedy sampler, which
+// resets it: one atomic per warp, skipped when the warp's best key is below the current one.
+// The first batch of weight loads is issued before waiting on the previous kernel (PDL).
 // Except with NR > 1, a block may take several rows per warp group, striding by the grid: a grid of
 // about one block per resident slot keeps every warp streaming from start to end.
 // budget: gemv=128 gemv_rope=128
@@ -127,8 +125,7 @@ __device__ __forceinline__ void fma_batch(const float4* __restrict__ x4, const f
 // epi.begin() runs once, after the PDL wait.
 template <typename RowOf, typename Epi>
 __device__ __forceinline__ void stream_rows(int n, size_t off1, const float* __restrict__ x,
-                                            const float* __restrict__ gamma, float eps, int pf, RowOf row_of,
-                                            Epi& epi) {
+                                            const float* __restrict__ gamma, float eps, RowOf row_of, Epi& epi) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = warp / SPLITK, part = warp % SPLITK;
     const float4* x4 = reinterpret_cast<const float4*>(x);
     const float4* g4 = reinterpret_cast<const float4*>(gamma);
@@ -145,20 +142,12 @@ __device__ __forceinline__ void stream_rows(int n, size_t off1, const float* __r
         // the first batch of weights streams in while the previous kernel finishes
         load_batch<true>(row_of(r < n ? r : 0), off1, r < n, 0, part, lane, a, c);
     }
-    if (pf > 0) {
-        // rows j = 0 .. pf - 1 of this group into L2 (row 0 only when one batch does not cover it)
-        const int j = lane + (BATCHES == 1 ? 1 : 0), r = base + grp + j * stride;
-        if (part == 0 && j < pf && r < n) {
-            prefetch_l2(row_of(r), CHUNKS * 16);
-            if (ROWS == 2) prefetch_l2(row_of(r) + off1, CHUNKS * 16);
-        }
-    }
     pdl_enter();
     epi.begin();
 #pragma unroll 1
     for (int j = 0; base < n; base += stride, ++j) {
         const int r = base + grp;
-        if (SPLITK == 1 && r >= n) return;
+        if (SPLITK == 1 && r >= n) break;
         float acc0 = 0.f, acc1 = 0.f, ss = 0.f;
 #pragma unroll 1
         for (int b = 0; b < BATCHES; ++b) {
@@ -202,6 +191,7 @@ __device__ __forceinline__ void stream_rows(int n, size_t off1, const float* __r
         }
         epi(r, acc0, acc1);
     }
+    epi.end();
 }
 
 #if NR > 1
@@ -222,7 +212,7 @@ __device__ __forceinline__ void load_rows(const uint4* const (&wr)[NR], int b, i
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
      const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
-     unsigned long long* __restrict__ amax, int pf)
+     unsigned long long* __restrict__ amax)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * WARPS + warp) * NR;
@@ -277,18 +267,20 @@ gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __res
     }
 }
 #elif EPI != 3
+// ARGMAX: each warp keeps the best key of its rows and folds it into *amax once, at the end
 struct StoreRow {
     const float* bias;
     float* y;
     unsigned long long* amax;
+    unsigned long long best;
     __device__ __forceinline__ void begin() {}
+    __device__ __forceinline__ void end() {
+        if (ARGMAX && best != 0ull && best > *(volatile unsigned long long*)amax) atomicMax(amax, best);
+    }
     __device__ __forceinline__ void operator()(int row, float acc0, float acc1) {
         const float v = BIAS ? acc0 + bias[row] : acc0;
         if (EPI == 0) y[row] = v;
-        if (ARGMAX) {
-            const unsigned long long key = argmax_key(v, row);
-            if (key > *(volatile unsigned long long*)amax) atomicMax(amax, key);
-        }
+        if (ARGMAX) best = max(best, argmax_key(v, row));
         if (EPI == 1) y[row] += acc0;
         if (EPI == 2) y[row] = acc0 / (1.0f + expf(-acc0)) * acc1;
     }
@@ -299,11 +291,11 @@ struct StoreRow {
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
      const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
-     unsigned long long* __restrict__ amax, int pf)
+     unsigned long long* __restrict__ amax)
 {
     const uint4* w4 = reinterpret_cast<const uint4*>(w);
-    StoreRow epi{bias, y, amax};
-    stream_rows(n_out, (size_t)n_out * CHUNKS, x, gamma, eps, pf,
+    StoreRow epi{bias, y, amax, 0ull};
+    stream_rows(n_out, (size_t)n_out * CHUNKS, x, gamma, eps,
                 [&](int r) { return w4 + (size_t)r * CHUNKS; }, epi);
 }
 #else
@@ -315,6 +307,7 @@ struct RopeRow {
     bf16 *k_cache, *v_cache;
     int nh, nkv, max_ctx, pos;
     __device__ __forceinline__ void begin() { pos = min(max(st->pos, 0), max_ctx - 1); }
+    __device__ __forceinline__ void end() {}
     __device__ __forceinline__ void operator()(int pair, float acc0, float acc1) {
         const int head = pair / HALF, i = pair % HALF;
         const int r0 = head * HD + i;
@@ -347,11 +340,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 gemv_rope(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
           const float* __restrict__ bias, float* __restrict__ y, int n_pairs, float eps,
           const DecodeState* __restrict__ st, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int nh, int nkv, int max_ctx, int pf)
+          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int nh, int nkv, int max_ctx)
 {
     const uint4* w4 = reinterpret_cast<const uint4*>(w);
     RopeRow epi{bias, y, st, cos_t, sin_t, k_cache, v_cache, nh, nkv, max_ctx, 0};
-    stream_rows(n_pairs, (size_t)HALF * CHUNKS, x, gamma, eps, pf,
+    stream_rows(n_pairs, (size_t)HALF * CHUNKS, x, gamma, eps,
                 [&](int p) { return w4 + (size_t)((p / HALF) * HD + p % HALF) * CHUNKS; }, epi);
 }
 #endif

@@ -12,10 +12,10 @@ GEMV_WARPS = 4
 GEMV_MINB = 4  # blocks per SM the register cap allows: 16 warps
 GEMV_ROWS = 4
 GEMV_WAVES = 1  # grid of GEMV_WAVES blocks per resident slot, rows striding over it; 0: a block per row group
-GEMV_PREFETCH_MB = 32.0  # weights each decode GEMV asks L2 for before it waits on the previous kernel
 ROPE_WARPS = 4
+SMEM_CARVEOUT_KB = None  # one L1/shared split for every kernel of the decode step (None: the driver's choice)
 ATTN_WARPS = 8
-ATTN_BULK = True  # stream K/V through per-warp shared-memory rings filled by bulk copies
+ATTN_BULK = False  # stream K/V through per-warp shared-memory rings filled by bulk copies
 ATTN_STAGES = 4  # ring stages per warp (BULK)
 ATTN_R = 2  # steps of rows each lane holds at once
 COMBINE_WARPS = 4
@@ -64,24 +64,14 @@ def gemv_grid(groups: int, minb: int, blocks: int | None = None) -> int:
     return max(1, min(groups, blocks))
 
 
-def gemv_prefetch(n: int, grid: int, groups_per_block: int, row_bytes: int, mb: float | None = None) -> int:
-    """Rows per row group to prefetch into L2 before the PDL wait: whole waves of the grid's rows
-    within `mb` megabytes (default GEMV_PREFETCH_MB), at most every row, at most 32."""
-    mb = GEMV_PREFETCH_MB if mb is None else mb
-    wave = grid * groups_per_block
-    waves = math.ceil(n / wave)
-    return max(0, min(32, waves, int(mb * 1e6 // (wave * row_bytes))))
-
-
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: int = EPI_STORE, eps: float = 0.0,
          amax=None, splitk: int | None = None, minb: int | None = None, rows: int | None = None,
-         blocks: int | None = None, prefetch_mb: float | None = None, pdl: bool = False) -> Launch:
+         blocks: int | None = None, pdl: bool = False) -> Launch:
     """y[n_out] (=, += or silu-gated) W x with W [rows, k] bf16; gamma fuses the RMSNorm of x.
 
     amax (a uint64 device word, EPI_STORE only) also receives the packed argmax of y.
     rows > 1 (EPI_STORE, splitk 1) gives each warp that many consecutive rows.
     blocks caps the grid (rows stride over it; rows == 1 only).
-    prefetch_mb: L2 prefetch budget before the PDL wait (rows == 1 only; default GEMV_PREFETCH_MB).
     """
     if splitk is None:
         splitk = gemv_splitk(n_out, k)
@@ -91,17 +81,15 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: int = EPI_S
     mod = module("gemv", K=k, EPI=epi, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
                  MINB=minb, ARGMAX=int(amax is not None), WARPS=GEMV_WARPS, NR=rows)
     grid = math.ceil(n_out / (GEMV_WARPS // splitk * rows))
-    pf = 0
     if rows == 1:
         grid = gemv_grid(grid, minb, blocks)
-        pf = gemv_prefetch(n_out, grid, GEMV_WARPS // splitk, 2 * k * (2 if epi == EPI_SILU else 1), prefetch_mb)
-    return mod.function("gemv", "PPPPPifPi").prepare(grid, GEMV_WARPS * 32,
-                                                      [w, x, gamma, bias, y, n_out, eps, amax, pf], pdl=pdl)
+    return mod.function("gemv", "PPPPPifP").prepare(grid, GEMV_WARPS * 32,
+                                                     [w, x, gamma, bias, y, n_out, eps, amax], pdl=pdl)
 
 
 def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
               max_ctx: int, eps: float, splitk: int | None = None, blocks: int | None = None,
-              prefetch_mb: float | None = None, pdl: bool = False) -> Launch:
+              pdl: bool = False) -> Launch:
     """The QKV projection with RoPE and the K/V append fused into its epilogue (no per-head norm).
 
     y [(nh + 2 nkv) hd] gets q and k rotated at the state's position and v; k and v also go to the
@@ -113,10 +101,9 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
     mod = module("gemv", K=k, EPI=3, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
                  MINB=GEMV_MINB, HD=hd, WARPS=GEMV_WARPS)
     grid = gemv_grid(math.ceil(n_pairs / (GEMV_WARPS // splitk)), GEMV_MINB, blocks)
-    pf = gemv_prefetch(n_pairs, grid, GEMV_WARPS // splitk, 4 * k, prefetch_mb)
-    return mod.function("gemv_rope", "PPPPPifPPPPPiiii").prepare(
+    return mod.function("gemv_rope", "PPPPPifPPPPPiii").prepare(
         grid, GEMV_WARPS * 32, [w, x, gamma, bias, y, n_pairs, eps, state, cos, sin, k_cache, v_cache, nh, nkv,
-                                max_ctx, pf], pdl=pdl)
+                                max_ctx], pdl=pdl)
 
 
 def embed(table, state, x, vocab: int, hidden: int, pdl: bool = False) -> Launch:

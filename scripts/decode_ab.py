@@ -4,7 +4,7 @@ PYTHONPATH=. python3 scripts/decode_ab.py [--profile] [shape ...]
 
 Each variant sets module attributes of kernels.ops (and optionally the attention split count), then
 the step is rebuilt and captured again over the same weights and cache. --profile also prints, for
-the first and last variant at each depth, the marginal cost of every kernel kind inside the graph:
+the PROFILE variants at each depth, the marginal cost of every kernel kind inside the graph:
 the step's replay time minus the replay time of the step without that kind (PDL overlap included).
 """
 
@@ -21,22 +21,26 @@ from graphs.graph import capture
 from kernels import ops
 from kernels.bandwidth import copy_bandwidth
 
-KNOBS = ("GEMV_WAVES", "GEMV_WARPS", "GEMV_MINB", "GEMV_PREFETCH_MB", "ATTN_WARPS", "ATTN_BULK", "ATTN_STAGES",
-         "ATTN_R")
+KNOBS = ("GEMV_WAVES", "GEMV_WARPS", "GEMV_MINB", "ATTN_WARPS", "ATTN_BULK", "ATTN_STAGES", "ATTN_R",
+         "SMEM_CARVEOUT_KB")
 DEFAULTS = {k: getattr(ops, k) for k in KNOBS}
+REG = dict(ATTN_BULK=False, SMEM_CARVEOUT_KB=None)
 VARIANTS = {  # name: ops settings (+ "splits")
-    "reg": dict(ATTN_BULK=False, GEMV_PREFETCH_MB=0),
-    "reg+pf16": dict(ATTN_BULK=False, GEMV_PREFETCH_MB=16),
-    "reg+pf32": dict(ATTN_BULK=False, GEMV_PREFETCH_MB=32),
-    "bulk4": dict(ATTN_BULK=True, ATTN_STAGES=4, GEMV_PREFETCH_MB=0),
-    "bulk6": dict(ATTN_BULK=True, ATTN_STAGES=6, GEMV_PREFETCH_MB=0),
-    "bulk4/s32": dict(ATTN_BULK=True, ATTN_STAGES=4, GEMV_PREFETCH_MB=0, splits=32),
-    "bulk4+pf32": dict(ATTN_BULK=True, ATTN_STAGES=4, GEMV_PREFETCH_MB=32),
-    "bulk6+pf32": dict(ATTN_BULK=True, ATTN_STAGES=6, GEMV_PREFETCH_MB=32),
+    "reg": REG,
+    "reg/c64": {**REG, "SMEM_CARVEOUT_KB": 64},
+    "reg/c132": {**REG, "SMEM_CARVEOUT_KB": 132},
+    "reg/s33/c64": {**REG, "SMEM_CARVEOUT_KB": 64, "splits": 33},
+    "bulk4/s33": dict(ATTN_BULK=True, ATTN_STAGES=4, SMEM_CARVEOUT_KB=None, splits=33),
+    "bulk3/s33/c100": dict(ATTN_BULK=True, ATTN_STAGES=3, SMEM_CARVEOUT_KB=100, splits=33),
+    "bulk4/s33/c132": dict(ATTN_BULK=True, ATTN_STAGES=4, SMEM_CARVEOUT_KB=132, splits=33),
+    "bulk4/s32/c132": dict(ATTN_BULK=True, ATTN_STAGES=4, SMEM_CARVEOUT_KB=132, splits=32),
+    "bulk4/s64/c132": dict(ATTN_BULK=True, ATTN_STAGES=4, SMEM_CARVEOUT_KB=132),
+    "bulk5/s33/c164": dict(ATTN_BULK=True, ATTN_STAGES=5, SMEM_CARVEOUT_KB=164, splits=33),
 }
+PROFILE = ("reg", "bulk4/s33/c132")
 PLAN = {
     "llama3-8b": ([0, 8192, 32768], list(VARIANTS)),
-    "qwen2.5-0.5b": ([0, 8192], ["reg", "reg+pf16", "bulk4", "bulk6", "bulk4+pf32"]),
+    "qwen2.5-0.5b": ([0, 8192], ["reg", "reg/c64", "bulk3/s33/c100", "bulk4/s64/c132", "bulk4/s33/c132"]),
 }
 
 
@@ -99,7 +103,7 @@ def main(argv):
                 r = B.bench_tg(backend, d, 5, True, copy_gbs)
                 print(f"{name} d={d:<6} {v:<12} {r.tok_s:8.1f} tok/s {r.ms_per_token:.4f} ms "
                       f"{r.pct_copy:5.1f}% copy", flush=True)
-                if do_profile and v in (variants[0], variants[-1]):
+                if do_profile and v in PROFILE:
                     print("   " + profile(backend, d), flush=True)
             backend.bufs.attn_splits = splits0
         del backend

@@ -120,8 +120,7 @@ def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, warps, minb, blocks, m
     amax = cp.zeros(1, cp.uint64) if epi == ops.EPI_STORE else None
     launch = ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
                       bias=cp.asarray(b) if bias else None, epi=epi, eps=eps, amax=amax, splitk=splitk,
-                      blocks=blocks, prefetch_mb=1e3 if blocks else 0)
-    # 3 blocks: each strides over many rows, and asks L2 for up to 32 of them before the PDL wait
+                      blocks=blocks)  # 3 blocks: each strides over many rows
     run(cp, launch)
     if amax is not None:
         assert amax.get()[0] == amax_of(y.get())[0]
@@ -198,7 +197,7 @@ def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks, m
         vc = kc.copy()
         launch = ops.gemv_rope(d_w, cp.asarray(x), cp.asarray(g), cp.asarray(b) if bias else None, y,
                                state(cp, pos=pos), d_cos, d_sin, kc, vc, nh=nh, nkv=nkv, hd=hd, k=k, max_ctx=ctx,
-                               eps=eps, splitk=splitk, blocks=blocks, prefetch_mb=1e3 if blocks else 0)
+                               eps=eps, splitk=splitk, blocks=blocks)
         run(cp, launch)
         p = min(pos, ctx - 1)
         q = _rope_ref(full[: nh * hd].reshape(nh, hd), None, cos[p], sin[p], eps)
