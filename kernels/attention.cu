@@ -40,6 +40,16 @@
 #ifndef NS
 #define NS 4
 #endif
+#ifndef NOCOMPUTE
+#define NOCOMPUTE 0
+#endif
+// NOCOMPUTE (a diagnostic, scripts/attn_bench.py): stream the rows, fold their bits, skip the math
+#define FOLD_ONLY(kk, vv)                                                                          \
+    {                                                                                             \
+        _Pragma("unroll") for (int r = 0; r < R; ++r) p.o[0][0] +=                                \
+            __uint_as_float((kk[r].x ^ kk[r].w ^ vv[r].y ^ vv[r].z) & 0x3f7fffffu);             \
+        continue;                                                                                 \
+    }
 #define LPR (HD / 8)
 #define SLOTS (32 / LPR)
 #define STEP (SLOTS * R)
@@ -116,6 +126,9 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
             nk[r] = row < hi ? __ldg(kb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
             nv[r] = row < hi ? __ldg(vb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
         }
+#if NOCOMPUTE
+        FOLD_ONLY(kk, vv);
+#endif
         float s[R][G];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -271,6 +284,9 @@ __device__ __forceinline__ void attend_bulk(const float* __restrict__ q, const b
             bulk_tile(stage0 + s * 2 * TILE_BYTES, bar0 + 8 * s, kb + (size_t)next * HD, vb + (size_t)next * HD,
                       min(STEP, hi - next));
         }
+#if NOCOMPUTE
+        FOLD_ONLY(kk, vv);
+#endif
         float s2[R][G];
 #pragma unroll
         for (int r = 0; r < R; ++r) {

@@ -1,0 +1,86 @@
+"""Decode attention alone on the llama3-8b shape: us per layer and K/V GB/s per variant and depth.
+
+PYTHONPATH=. python3 scripts/attn_bench.py
+
+Each variant is a CUDA graph of one attn_decode launch per layer (16 layers, each with its own cache,
+so nothing is served from L2), replayed after warm-up; the median of 5 timed replays. "nomath" variants
+stream the same rows and skip the arithmetic (NOCOMPUTE), which separates memory from math.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import cupy as cp
+import numpy as np
+
+from graphs.buffers import STATE_DTYPE
+from graphs.graph import capture
+from kernels import ops
+from kernels.bandwidth import copy_bandwidth
+from kernels.cuda import init, shared_stream
+
+NH, NKV, HD, LAYERS = 32, 8, 128, 16
+DEPTHS = (8192, 32768)
+VARIANTS = {  # name: (bulk, stages, warps, R, splits, nocompute)
+    "reg w8 s64": (False, 4, 8, 2, 64, 0),
+    "reg w8 s33": (False, 4, 8, 2, 33, 0),
+    "reg w8 s33 nomath": (False, 4, 8, 2, 33, 1),
+    "reg w4 s66": (False, 4, 4, 2, 66, 0),
+    "reg w4 s66 nomath": (False, 4, 4, 2, 66, 1),
+    "bulk4 w8 s33": (True, 4, 8, 2, 33, 0),
+    "bulk4 w8 s33 nomath": (True, 4, 8, 2, 33, 1),
+    "bulk4 w4 s66": (True, 4, 4, 2, 66, 0),
+    "bulk6 w4 s66": (True, 6, 4, 2, 66, 0),
+    "bulk6 w4 s66 nomath": (True, 6, 4, 2, 66, 1),
+    "bulk8 w4 s66": (True, 8, 4, 2, 66, 0),
+}
+MODULE = ops.module
+
+
+def main():
+    init()
+    s = shared_stream()
+    copy_gbs = copy_bandwidth(4 << 30, 10)
+    print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
+    ctx = max(DEPTHS) + 8
+    with s:
+        k = cp.empty((LAYERS, NKV * ctx * HD), cp.uint16)
+        v = cp.empty_like(k)
+        ops.fill_bf16(k, 1, 1.0, stream=s)
+        ops.fill_bf16(v, 2, 1.0, stream=s)
+        q = cp.asarray(np.random.default_rng(0).standard_normal(NH * HD).astype(np.float32))
+        pm = cp.empty((NH, 128), cp.float32)
+        pl, pacc = cp.empty_like(pm), cp.empty((NH, 128, HD), cp.float32)
+        out = cp.empty(NH * HD, cp.float32)
+        counters = cp.zeros((LAYERS, NKV), cp.uint32)
+        st = cp.zeros(1, STATE_DTYPE)
+    for depth in DEPTHS:
+        row = np.zeros(1, STATE_DTYPE)
+        row["pos"] = depth - 1
+        st.set(row)
+        nbytes = depth * NKV * HD * 2 * 2
+        for name, (bulk, stages, warps, r, splits, nocompute) in VARIANTS.items():
+            ops.ATTN_BULK, ops.ATTN_STAGES, ops.ATTN_WARPS, ops.ATTN_R = bulk, stages, warps, r
+            ops.module = lambda src, nc=nocompute, **d: MODULE(src, **({**d, "NOCOMPUTE": nc} if src == "attention" else d))
+            launches = [ops.attn_decode(q, k[i], v[i], st, pm, pl, pacc, out, counters[i], nh=NH, nkv=NKV, hd=HD,
+                                        splits=splits, max_ctx=ctx, pdl=True) for i in range(LAYERS)]
+            g = capture(s, lambda launches=launches: [la(s) for la in launches])
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            times = []
+            for rep in range(7):
+                e0.record(s)
+                for _ in range(4):
+                    g.replay(s)
+                e1.record(s)
+                e1.synchronize()
+                if rep >= 2:
+                    times.append(cp.cuda.get_elapsed_time(e0, e1) / (4 * LAYERS))
+            ms = statistics.median(times)
+            print(f"nkv={depth:<6} {name:<22} {1e3 * ms:7.2f} us/layer  {nbytes / ms / 1e6:7.0f} GB/s "
+                  f"({100 * nbytes / ms / 1e6 / copy_gbs:4.1f}% copy)", flush=True)
+    ops.module = MODULE
+
+
+if __name__ == "__main__":
+    main()
