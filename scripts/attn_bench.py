@@ -62,7 +62,10 @@ def main():
         nbytes = depth * NKV * HD * 2 * 2
         for name, (bulk, stages, warps, r, splits, nocompute) in VARIANTS.items():
             ops.ATTN_BULK, ops.ATTN_STAGES, ops.ATTN_WARPS, ops.ATTN_R = bulk, stages, warps, r
-            ops.module = lambda src, nc=nocompute, **d: MODULE(src, **({**d, "NOCOMPUTE": nc} if src == "attention" else d))
+            def module(src, nc=nocompute, **d):
+                return MODULE(src, **({**d, "NOCOMPUTE": nc} if src == "attention" else d))
+
+            ops.module = module
             launches = [ops.attn_decode(q, k[i], v[i], st, pm, pl, pacc, out, counters[i], nh=NH, nkv=NKV, hd=HD,
                                         splits=splits, max_ctx=ctx, pdl=True) for i in range(LAYERS)]
             g = capture(s, lambda launches=launches: [la(s) for la in launches])
