@@ -15,11 +15,14 @@ RING = 64  # host ring slots the sampler writes into (power of two)
 IN_FLIGHT = 8  # replays queued ahead of the token being read
 
 
-def default_splits(cfg: ModelConfig, sms: int) -> int:
-    """Attention splits at long contexts: four blocks per SM over the kv heads, a multiple of 8 in
-    [32, 64]. Short contexts use fewer (the attention kernel derives them from nkv)."""
-    s = max(32, -(-4 * sms // cfg.num_kv_heads))
-    return min(64, -(-s // 8) * 8)
+def default_splits(cfg: ModelConfig) -> int:
+    """Attention splits at long contexts: one full wave, every resident attention block of every SM
+    over the kv heads (at most ops.ATTN_MAX_SPLITS). A second, partial wave would leave SMs idle
+    while it runs. Short contexts use fewer (the attention kernel derives them from nkv)."""
+    from kernels import ops
+
+    slots = ops.attn_blocks_per_sm(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads) * ops.sm_count()
+    return max(1, min(ops.ATTN_MAX_SPLITS, slots // cfg.num_kv_heads))
 
 
 class CudaBackend:
@@ -34,7 +37,6 @@ class CudaBackend:
         from graphs.buffers import DecodeBuffers, DeviceWeights, fit_context
         from graphs.decode import DecodeStep
         from graphs.prefill import Prefill
-        from kernels import ops
         from kernels.cuda import init, shared_stream
 
         init()
@@ -49,7 +51,7 @@ class CudaBackend:
             cp.get_default_memory_pool().free_all_blocks()
             free = cp.cuda.runtime.memGetInfo()[0]
             self.max_context = fit_context(cfg, max_context, free)
-            self.attn_splits = attn_splits or default_splits(cfg, ops.sm_count())
+            self.attn_splits = attn_splits or default_splits(cfg)
             self.bufs = DecodeBuffers(cfg, self.max_context, self.attn_splits, RING)
             try:
                 self.prefill = Prefill(cfg, self.weights, self.bufs, stream)

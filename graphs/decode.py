@@ -57,9 +57,6 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, pdl: boo
                         pdl=pdl))
     out.append(ops.sample(b.logits, b.amax, b.state, b.prompt, b.ring_dev, b.scratch_z, b.scratch_i,
                           vocab=cfg.vocab_size, max_ctx=ctx, pdl=pdl))
-    # one L1/shared split for all: PDL lets a kernel's blocks join an SM still running the previous one
-    for kernel in {id(launch.kernel): launch.kernel for launch in out}.values():
-        kernel.set_carveout(ops.SMEM_CARVEOUT_KB)
     return out
 
 

@@ -7,20 +7,15 @@
 // attn_decode: only active = min(splits, ceil(nkv / min_chunk)) splits work (the others exit), with
 // chunk = ceil(nkv / active); the last active block of each kv head to finish merges the partials
 // (as the combine pass does) into out, and resets its counter. With one active split the block
-// writes out directly.
-// BULK: each warp streams its rows through its own ring of NS stages in shared memory, filled by
-// Hopper bulk copies (one per K or V tile, completing on the stage's mbarrier), so many more bytes
-// are in flight per SM than registers could hold; the block's partial then reuses the ring.
-// budget: attn_partial=232 attn_decode=232
+// writes out directly. Both read the position before the PDL wait (the previous step wrote it) and
+// start loading rows that earlier steps appended; the row this step appends waits.
+// budget: attn_partial=240 attn_decode=240
 // defines: HD=128 G=4
 // defines: HD=128 G=4 WARPS=8
 // defines: HD=128 G=8
 // defines: HD=64 G=7
 // defines: HD=64 G=7 WARPS=8
 // defines: HD=16 G=3
-// defines: HD=128 G=4 WARPS=8 BULK=1
-// defines: HD=64 G=7 WARPS=8 BULK=1
-// defines: HD=16 G=3 BULK=1
 #include "common.cuh"
 
 #ifndef WARPS
@@ -34,17 +29,14 @@
 #ifndef MINB
 #define MINB (G <= 4 ? 16 / WARPS : (WARPS < 8 ? 8 / WARPS : 1))
 #endif
-#ifndef BULK
-#define BULK 0
-#endif
-#ifndef NS
-#define NS 4
+#ifndef RESCALE
+#define RESCALE 8.0f
 #endif
 #ifndef NOCOMPUTE
 #define NOCOMPUTE 0
 #endif
 // NOCOMPUTE (a diagnostic, scripts/attn_bench.py): stream the rows, fold their bits, skip the math
-#define FOLD_ONLY(kk, vv)                                                                          \
+#define FOLD_ONLY(kk, vv)                                                                         \
     {                                                                                             \
         _Pragma("unroll") for (int r = 0; r < R; ++r) p.o[0][0] +=                                \
             __uint_as_float((kk[r].x ^ kk[r].w ^ vv[r].y ^ vv[r].z) & 0x3f7fffffu);             \
@@ -53,8 +45,6 @@
 #define LPR (HD / 8)
 #define SLOTS (32 / LPR)
 #define STEP (SLOTS * R)
-#define TILE_BYTES (STEP * HD * 2)                // K (or V) bytes of one warp step
-#define RING_BYTES (WARPS * NS * 2 * TILE_BYTES)  // BULK: dynamic shared memory per block
 
 static_assert(HD % 8 == 0 && HD <= 256 && (LPR & (LPR - 1)) == 0, "head_dim must be 8 * 2^k, at most 256");
 
@@ -83,12 +73,37 @@ struct __align__(16) Merged {
     float m[WARPS][G], l[WARPS][G];
 };
 
-// rows [lo, hi) of kv head kvh: each warp's partial, left in sm for merged()
+// rows [lo, hi) of kv head kvh: each warp's partial, left in sm for merged(). Row `fresh` (the one
+// the previous kernel appends) is read after the PDL wait; each warp's first other rows are loaded
+// before it, since earlier steps wrote them. The running max is a reference that moves only when a
+// score exceeds it by more than RESCALE (so o and l are rarely rescaled, and every exp2 stays below
+// 2^RESCALE); the true max, tracked beside it, becomes the reference at the end.
 __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* __restrict__ k_cache,
-                                       const bf16* __restrict__ v_cache, int kvh, int lo, int hi, int max_ctx,
-                                       float scale2, Merged& sm) {
+                                       const bf16* __restrict__ v_cache, int kvh, int lo, int hi, int fresh,
+                                       int max_ctx, float scale2, Merged& sm) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int slot = lane / LPR, sub = lane % LPR;
+    const uint4* kb = reinterpret_cast<const uint4*>(k_cache + (size_t)kvh * max_ctx * HD) + sub;
+    const uint4* vb = reinterpret_cast<const uint4*>(v_cache + (size_t)kvh * max_ctx * HD) + sub;
+
+    // software pipelined: the next step's rows are in flight while this step's are used
+    uint4 nk[R], nv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = lo + warp * STEP + r * SLOTS + slot;
+        const bool early = row < hi && row != fresh;
+        nk[r] = early ? ld_early(kb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
+        nv[r] = early ? ld_early(vb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
+    }
+    pdl_enter();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = lo + warp * STEP + r * SLOTS + slot;
+        if (row == fresh && row < hi) {
+            nk[r] = ld_early(kb + (size_t)row * LPR);
+            nv[r] = ld_early(vb + (size_t)row * LPR);
+        }
+    }
     float qf[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -98,24 +113,16 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
         qf[g][4] = b.x; qf[g][5] = b.y; qf[g][6] = b.z; qf[g][7] = b.w;
     }
     Part p;
+    float top[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         p.m[g] = NEG_INF;
+        top[g] = NEG_INF;
         p.l[g] = 0.f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) p.o[g][e] = 0.f;
     }
-    const uint4* kb = reinterpret_cast<const uint4*>(k_cache + (size_t)kvh * max_ctx * HD) + sub;
-    const uint4* vb = reinterpret_cast<const uint4*>(v_cache + (size_t)kvh * max_ctx * HD) + sub;
 
-    // software pipelined: the next step's rows are in flight while this step's are used
-    uint4 nk[R], nv[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int row = lo + warp * STEP + r * SLOTS + slot;
-        nk[r] = row < hi ? __ldg(kb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
-        nv[r] = row < hi ? __ldg(vb + (size_t)row * LPR) : make_uint4(0, 0, 0, 0);
-    }
     for (int base = lo + warp * STEP; base < hi; base += WARPS * STEP) {
         uint4 kk[R], vv[R];
 #pragma unroll
@@ -152,25 +159,39 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
             float mx = s[0][g];
 #pragma unroll
             for (int r = 1; r < R; ++r) mx = fmaxf(mx, s[r][g]);
-            const float mn = fmaxf(p.m[g], mx);
-            if (mn == NEG_INF) continue;
-            const float corr = exp2f(p.m[g] - mn);
-            float e2[R], sum = 0.f;
+            top[g] = fmaxf(top[g], mx);
+            if (mx > p.m[g] + RESCALE) {  // rare: the first live row, or a much larger score
+                const float corr = exp2f(p.m[g] - mx);
+                p.l[g] *= corr;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) p.o[g][e] *= corr;
+                p.m[g] = mx;
+            }
+            if (p.m[g] == NEG_INF) continue;
+            float e2[R];
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                e2[r] = exp2f(s[r][g] - mn);
-                sum += e2[r];
+                e2[r] = exp2f(s[r][g] - p.m[g]);
+                p.l[g] += e2[r];
             }
-            p.l[g] = p.l[g] * corr + sum;
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-                float o = p.o[g][e] * corr;
+                float o = p.o[g][e];
 #pragma unroll
                 for (int r = 0; r < R; ++r) o = fmaf(e2[r], vf[r][e], o);
                 p.o[g][e] = o;
             }
-            p.m[g] = mn;
         }
+    }
+    // the true max becomes the reference
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        if (top[g] == NEG_INF) continue;
+        const float corr = exp2f(p.m[g] - top[g]);
+        p.l[g] *= corr;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) p.o[g][e] *= corr;
+        p.m[g] = top[g];
     }
 
     // merge the row slots of each warp (lanes with the same sub)
@@ -201,177 +222,6 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
     }
     __syncthreads();
 }
-
-#if BULK
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ bool bar_try(unsigned bar, unsigned parity) {
-    unsigned ok;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-    return ok != 0;
-}
-
-// one lane: tile rows [row, row + n) of K and V into stage dst (K then V), completing on bar
-__device__ __forceinline__ void bulk_tile(unsigned dst, unsigned bar, const bf16* k, const bf16* v, int n) {
-    const unsigned bytes = (unsigned)n * HD * 2;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "l"(k), "r"(bytes), "r"(bar) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst + TILE_BYTES), "l"(v), "r"(bytes), "r"(bar) : "memory");
-}
-
-// attend with warp w taking steps w, w + WARPS, ... of [lo, hi) through its ring of NS stages; each
-// stage holds one step's rows (K then V). Rows past hi in a stage are stale and masked out.
-__device__ __forceinline__ void attend_bulk(const float* __restrict__ q, const bf16* __restrict__ k_cache,
-                                            const bf16* __restrict__ v_cache, int kvh, int lo, int hi,
-                                            int max_ctx, float scale2, unsigned char* ring, Merged& sm) {
-    __shared__ __align__(8) unsigned long long bars[WARPS][NS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int slot = lane / LPR, sub = lane % LPR;
-    float qf[G][8];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        const float4* qp = reinterpret_cast<const float4*>(q + (size_t)(kvh * G + g) * HD + sub * 8);
-        const float4 a = qp[0], b = qp[1];
-        qf[g][0] = a.x; qf[g][1] = a.y; qf[g][2] = a.z; qf[g][3] = a.w;
-        qf[g][4] = b.x; qf[g][5] = b.y; qf[g][6] = b.z; qf[g][7] = b.w;
-    }
-    Part p;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        p.m[g] = NEG_INF;
-        p.l[g] = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) p.o[g][e] = 0.f;
-    }
-    const bf16* kb = k_cache + (size_t)kvh * max_ctx * HD;
-    const bf16* vb = v_cache + (size_t)kvh * max_ctx * HD;
-    unsigned char* mine = ring + warp * NS * 2 * TILE_BYTES;
-    const unsigned stage0 = smem_u32(mine), bar0 = smem_u32(&bars[warp][0]);
-    if (lane == 0) {
-#pragma unroll
-        for (int s = 0; s < NS; ++s)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * s) : "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#pragma unroll
-        for (int t = 0; t < NS; ++t) {
-            const int row = lo + (warp + t * WARPS) * STEP;
-            if (row < hi)
-                bulk_tile(stage0 + t * 2 * TILE_BYTES, bar0 + 8 * t, kb + (size_t)row * HD, vb + (size_t)row * HD,
-                          min(STEP, hi - row));
-        }
-    }
-    __syncwarp();
-    int t = 0;
-    for (int base = lo + warp * STEP; base < hi; base += WARPS * STEP, ++t) {
-        const int s = t % NS;
-        while (!bar_try(bar0 + 8 * s, (t / NS) & 1)) {
-        }
-        const uint4* st4 = reinterpret_cast<const uint4*>(mine + s * 2 * TILE_BYTES);
-        uint4 kk[R], vv[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            kk[r] = st4[(r * SLOTS + slot) * LPR + sub];
-            vv[r] = st4[TILE_BYTES / 16 + (r * SLOTS + slot) * LPR + sub];
-        }
-        // every lane has its rows of stage s: refill it with step t + NS
-        __syncwarp();
-        const int next = base + NS * WARPS * STEP;
-        if (lane == 0 && next < hi) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            bulk_tile(stage0 + s * 2 * TILE_BYTES, bar0 + 8 * s, kb + (size_t)next * HD, vb + (size_t)next * HD,
-                      min(STEP, hi - next));
-        }
-#if NOCOMPUTE
-        FOLD_ONLY(kk, vv);
-#endif
-        float s2[R][G];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float kf[8];
-            unpack8(kk[r], kf);
-            const bool ok = base + r * SLOTS + slot < hi;
-#pragma unroll
-            for (int g = 0; g < G; ++g) {
-                float d = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) d = fmaf(qf[g][e], kf[e], d);
-                d = group_sum<LPR>(d);
-                s2[r][g] = ok ? d * scale2 : NEG_INF;
-            }
-        }
-        float vf[R][8];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            unpack8(vv[r], vf[r]);
-            if (base + r * SLOTS + slot >= hi) {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) vf[r][e] = 0.f;  // stale bytes may be anything
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            float mx = s2[0][g];
-#pragma unroll
-            for (int r = 1; r < R; ++r) mx = fmaxf(mx, s2[r][g]);
-            const float mn = fmaxf(p.m[g], mx);
-            if (mn == NEG_INF) continue;
-            const float corr = exp2f(p.m[g] - mn);
-            float e2[R], sum = 0.f;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                e2[r] = exp2f(s2[r][g] - mn);
-                sum += e2[r];
-            }
-            p.l[g] = p.l[g] * corr + sum;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                float o = p.o[g][e] * corr;
-#pragma unroll
-                for (int r = 0; r < R; ++r) o = fmaf(e2[r], vf[r][e], o);
-                p.o[g][e] = o;
-            }
-            p.m[g] = mn;
-        }
-    }
-#pragma unroll
-    for (int off = LPR; off < 32; off <<= 1) {
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            const float m2 = __shfl_xor_sync(0xffffffffu, p.m[g], off);
-            const float l2 = __shfl_xor_sync(0xffffffffu, p.l[g], off);
-            float o2[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) o2[e] = __shfl_xor_sync(0xffffffffu, p.o[g][e], off);
-            merge(p, g, m2, l2, o2);
-        }
-    }
-    // sm lives in the ring: every warp must be done with its stages
-    __syncthreads();
-    if (lane < LPR) {
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) sm.o[warp][g][sub * 8 + e] = p.o[g][e];
-            if (lane == 0) {
-                sm.m[warp][g] = p.m[g];
-                sm.l[warp][g] = p.l[g];
-            }
-        }
-    }
-    __syncthreads();
-}
-
-extern __shared__ __align__(128) unsigned char attn_ring[];
-// the block's partial: in the ring (BULK) or its own static array
-#define BLOCK_MERGED Merged& sm = *reinterpret_cast<Merged*>(attn_ring)
-#define ATTEND(q, k, v, kvh, lo, hi, ctx, scale2) attend_bulk(q, k, v, kvh, lo, hi, ctx, scale2, attn_ring, sm)
-#else
-#define BLOCK_MERGED __shared__ Merged sm
-#define ATTEND(q, k, v, kvh, lo, hi, ctx, scale2) attend(q, k, v, kvh, lo, hi, ctx, scale2, sm)
-#endif
 
 // the block's partial (m, l, unnormalised o) of head g, element e
 __device__ __forceinline__ float merged(const Merged& sm, int g, int e, float& m, float& l) {
@@ -413,30 +263,25 @@ attn_partial(const float* __restrict__ q, const bf16* __restrict__ k_cache, cons
              const DecodeState* __restrict__ st, float* __restrict__ pm, float* __restrict__ pl,
              float* __restrict__ pacc, int max_ctx, float scale2)
 {
-    pdl_enter();
+    // the position is the previous step's: no kernel of this step writes it
     const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
     const int nkv = min(max(st->pos, 0) + 1, max_ctx);
     const int chunk = (nkv + splits - 1) / splits;
     const int lo = min(split * chunk, nkv), hi = min(lo + chunk, nkv);
-    BLOCK_MERGED;
-    ATTEND(q, k_cache, v_cache, kvh, lo, hi, max_ctx, scale2);
+    __shared__ Merged sm;
+    attend(q, k_cache, v_cache, kvh, lo, hi, nkv - 1, max_ctx, scale2, sm);
     store_partials(sm, kvh, split, splits, pm, pl, pacc);
 }
 
 // the last block of kv head kvh: out = sum_s w_s acc_s / l_s / sum_s w_s over the active splits,
 // w_s = 2^(m_s + log2 l_s - max); partials are read through L2 (other blocks wrote them). GROUPS
 // thread groups take interleaved runs of CB splits, then sum in group order; sm is free by now.
-struct CombineScratch {
-    float wgt[G][MAX_SPLITS];
-    float inv_den[G];
-};
-
 __device__ __forceinline__ void combine(const float* pm, const float* pl, const float* pacc, float* __restrict__ out,
-                                        int kvh, int splits, int active, Merged& sm, CombineScratch& cs) {
+                                        int kvh, int splits, int active, Merged& sm) {
     constexpr int VEC = HD / 4, COLS = G * VEC, THREADS = WARPS * 32, PER = MAX_SPLITS / 32;
     constexpr int GROUPS = COLS >= THREADS ? 1 : (THREADS / COLS < WARPS ? THREADS / COLS : WARPS);
-    float (&wgt)[G][MAX_SPLITS] = cs.wgt;
-    float (&inv_den)[G] = cs.inv_den;
+    __shared__ float wgt[G][MAX_SPLITS];
+    __shared__ float inv_den[G];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int g = warp; g < G; g += WARPS) {
         const size_t h = (size_t)kvh * G + g;
@@ -516,16 +361,16 @@ attn_decode(const float* __restrict__ q, const bf16* __restrict__ k_cache, const
             const DecodeState* __restrict__ st, float* pm, float* pl, float* pacc, float* __restrict__ out,
             unsigned* counters, int max_ctx, float scale2, int min_chunk)
 {
-    pdl_enter();
+    // the position is the previous step's: no kernel of this step writes it
     const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
     const int nkv = min(max(st->pos, 0) + 1, max_ctx);
     const int active = min(splits, (nkv + min_chunk - 1) / min_chunk);
     if (split >= active) return;
     const int chunk = (nkv + active - 1) / active;
     const int lo = min(split * chunk, nkv), hi = min(lo + chunk, nkv);
-    BLOCK_MERGED;
+    __shared__ Merged sm;
     __shared__ bool last;
-    ATTEND(q, k_cache, v_cache, kvh, lo, hi, max_ctx, scale2);
+    attend(q, k_cache, v_cache, kvh, lo, hi, nkv - 1, max_ctx, scale2, sm);
     if (active == 1) {
         for (int t = threadIdx.x; t < G * HD; t += WARPS * 32) {
             const int g = t / HD, e = t % HD;
@@ -545,12 +390,6 @@ attn_decode(const float* __restrict__ q, const bf16* __restrict__ k_cache, const
     }
     __syncthreads();
     if (!last) return;
-#if BULK
-    static_assert(sizeof(Merged) + sizeof(CombineScratch) <= RING_BYTES, "the partial and the combine reuse the ring");
-    CombineScratch& cs = *reinterpret_cast<CombineScratch*>(attn_ring + sizeof(Merged));
-#else
-    __shared__ CombineScratch cs;
-#endif
-    combine(pm, pl, pacc, out, kvh, splits, active, sm, cs);
+    combine(pm, pl, pacc, out, kvh, splits, active, sm);
     if (threadIdx.x == 0) counters[kvh] = 0;
 }

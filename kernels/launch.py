@@ -161,19 +161,6 @@ class Kernel:
         check(driver.cuFuncSetAttribute(self.func, attr, int(nbytes)), "cuFuncSetAttribute")
         self._smem_limit = int(nbytes)
 
-    def set_carveout(self, smem_kb: int | None):
-        """Prefer an L1/shared split with `smem_kb` KiB of shared memory per SM (the driver picks the
-        supported split nearest to it; None: no preference). Kernels that share one split can share an
-        SM without it being drained and reconfigured between them."""
-        from kernels.cuda import device_attribute
-
-        percent = -1
-        if smem_kb is not None:
-            total = device_attribute("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR") // 1024
-            percent = max(0, min(100, smem_kb * 100 // total))
-        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-        check(driver.cuFuncSetAttribute(self.func, attr, percent), "cuFuncSetAttribute")
-
     def prepare(self, grid, block, args, smem: int = 0, sig: str | None = None, pdl: bool = False) -> Launch:
         return Launch(self, grid, block, args, smem, sig, pdl)
 

@@ -13,11 +13,7 @@ GEMV_MINB = 4  # blocks per SM the register cap allows: 16 warps
 GEMV_ROWS = 4
 GEMV_WAVES = 1  # grid of GEMV_WAVES blocks per resident slot, rows striding over it; 0: a block per row group
 ROPE_WARPS = 4
-SMEM_CARVEOUT_KB = None  # one L1/shared split for every kernel of the decode step (None: the driver's choice)
 ATTN_WARPS = 8
-ATTN_BULK = False  # stream K/V through per-warp shared-memory rings filled by bulk copies
-ATTN_STAGES = 4  # ring stages per warp (BULK)
-ATTN_R = 2  # steps of rows each lane holds at once
 COMBINE_WARPS = 4
 SAMPLE_BLOCK = 1024
 SAMPLE_CAP = 4096
@@ -121,22 +117,28 @@ def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: i
         [qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, nh, nkv, max_ctx, eps], pdl=pdl)
 
 
-def attn_module(hd: int, group: int) -> tuple[Module, int]:
-    """The attention module for this head size and GQA group, and its dynamic shared memory."""
-    if not ATTN_BULK:
-        return module("attention", HD=hd, G=group, WARPS=ATTN_WARPS, R=ATTN_R), 0
-    step_bytes = 32 // (hd // 8) * ATTN_R * hd * 2
-    smem = ATTN_WARPS * ATTN_STAGES * 2 * step_bytes
-    return module("attention", HD=hd, G=group, WARPS=ATTN_WARPS, R=ATTN_R, BULK=1, NS=ATTN_STAGES), smem
-
-
 def attn_partial(q, k_cache, v_cache, state, pm, pl, pacc, *, nh: int, nkv: int, hd: int, splits: int,
                  max_ctx: int, pdl: bool = False) -> Launch:
     scale2 = hd**-0.5 * LOG2E
-    mod, smem = attn_module(hd, nh // nkv)
+    mod = module("attention", HD=hd, G=nh // nkv, WARPS=ATTN_WARPS)
     return mod.function("attn_partial", "PPPPPPPif").prepare(
-        (splits, nkv), ATTN_WARPS * 32, [q, k_cache, v_cache, state, pm, pl, pacc, max_ctx, scale2], smem=smem,
-        pdl=pdl)
+        (splits, nkv), ATTN_WARPS * 32, [q, k_cache, v_cache, state, pm, pl, pacc, max_ctx, scale2], pdl=pdl)
+
+
+def attn_blocks_per_sm(hd: int, group: int) -> int:
+    """How many attn_decode blocks fit on one SM at once (registers and shared memory)."""
+    return _attn_occupancy(hd, group, ATTN_WARPS)
+
+
+@functools.cache
+def _attn_occupancy(hd: int, group: int, warps: int) -> int:
+    from cuda.bindings import driver
+
+    from kernels.cuda import check
+
+    fn = module("attention", HD=hd, G=group, WARPS=warps).function("attn_decode")
+    return max(1, check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn.func, warps * 32, 0),
+                        "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
 
 
 def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: int, nkv: int, hd: int,
@@ -148,11 +150,11 @@ def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: 
     if not 1 <= splits <= ATTN_MAX_SPLITS:
         raise ValueError(f"attention splits must be in [1, {ATTN_MAX_SPLITS}], got {splits}")
     scale2 = hd**-0.5 * LOG2E
-    mod, smem = attn_module(hd, nh // nkv)
+    mod = module("attention", HD=hd, G=nh // nkv, WARPS=ATTN_WARPS)
     return mod.function("attn_decode", "PPPPPPPPPifi").prepare(
         (splits, nkv), ATTN_WARPS * 32,
         [q, k_cache, v_cache, state, pm, pl, pacc, out, counters, max_ctx, scale2, min_chunk or ATTN_MIN_CHUNK],
-        smem=smem, pdl=pdl)
+        pdl=pdl)
 
 
 def attn_combine(pm, pl, pacc, out, *, nh: int, hd: int, splits: int, pdl: bool = False) -> Launch:

@@ -4,7 +4,8 @@ PYTHONPATH=. python3 scripts/attn_bench.py
 
 Each variant is a CUDA graph of one attn_decode launch per layer (16 layers, each with its own cache,
 so nothing is served from L2), replayed after warm-up; the median of 5 timed replays. "nomath" variants
-stream the same rows and skip the arithmetic (NOCOMPUTE), which separates memory from math.
+stream the same rows and skip the arithmetic (NOCOMPUTE), which separates memory from math;
+"eager-rescale" rescales the running sums whenever the max grows (RESCALE=0).
 """
 
 from __future__ import annotations
@@ -22,20 +23,15 @@ from kernels.cuda import init, shared_stream
 
 NH, NKV, HD, LAYERS = 32, 8, 128, 16
 DEPTHS = (8192, 32768)
-VARIANTS = {  # name: (bulk, stages, warps, R, splits, nocompute)
-    "reg w8 s64": (False, 4, 8, 2, 64, 0),
-    "reg w8 s33": (False, 4, 8, 2, 33, 0),
-    "reg w8 s33 nomath": (False, 4, 8, 2, 33, 1),
-    "reg w4 s66": (False, 4, 4, 2, 66, 0),
-    "reg w4 s66 nomath": (False, 4, 4, 2, 66, 1),
-    "bulk4 w8 s33": (True, 4, 8, 2, 33, 0),
-    "bulk4 w8 s33 nomath": (True, 4, 8, 2, 33, 1),
-    "bulk4 w4 s66": (True, 4, 4, 2, 66, 0),
-    "bulk6 w4 s66": (True, 6, 4, 2, 66, 0),
-    "bulk6 w4 s66 nomath": (True, 6, 4, 2, 66, 1),
-    "bulk8 w4 s66": (True, 8, 4, 2, 66, 0),
+VARIANTS = {  # name: (warps, splits, extra attention defines)
+    "w8 s64": (8, 64, {}),
+    "w8 s33": (8, 33, {}),
+    "w8 s33 eager-rescale": (8, 33, {"RESCALE": "0.0f"}),
+    "w8 s33 nomath": (8, 33, {"NOCOMPUTE": 1}),
+    "w4 s66": (4, 66, {}),
+    "w4 s66 nomath": (4, 66, {"NOCOMPUTE": 1}),
 }
-MODULE = ops.module
+MODULE, WARPS = ops.module, ops.ATTN_WARPS
 
 
 def main():
@@ -60,10 +56,11 @@ def main():
         row["pos"] = depth - 1
         st.set(row)
         nbytes = depth * NKV * HD * 2 * 2
-        for name, (bulk, stages, warps, r, splits, nocompute) in VARIANTS.items():
-            ops.ATTN_BULK, ops.ATTN_STAGES, ops.ATTN_WARPS, ops.ATTN_R = bulk, stages, warps, r
-            def module(src, nc=nocompute, **d):
-                return MODULE(src, **({**d, "NOCOMPUTE": nc} if src == "attention" else d))
+        for name, (warps, splits, extra) in VARIANTS.items():
+            ops.ATTN_WARPS = warps
+
+            def module(src, extra=extra, **d):
+                return MODULE(src, **({**d, **extra} if src == "attention" else d))
 
             ops.module = module
             launches = [ops.attn_decode(q, k[i], v[i], st, pm, pl, pacc, out, counters[i], nh=NH, nkv=NKV, hd=HD,
@@ -82,7 +79,7 @@ def main():
             ms = statistics.median(times)
             print(f"nkv={depth:<6} {name:<22} {1e3 * ms:7.2f} us/layer  {nbytes / ms / 1e6:7.0f} GB/s "
                   f"({100 * nbytes / ms / 1e6 / copy_gbs:4.1f}% copy)", flush=True)
-    ops.module = MODULE
+    ops.module, ops.ATTN_WARPS = MODULE, WARPS
 
 
 if __name__ == "__main__":

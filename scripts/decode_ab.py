@@ -14,33 +14,24 @@ import statistics
 import sys
 
 from engine import bench as B
-from engine.backend_cuda import CudaBackend
+from engine.backend_cuda import CudaBackend, default_splits
 from engine.shapes import shape as named_shape
 from graphs.decode import DecodeStep, step_launches
 from graphs.graph import capture
 from kernels import ops
 from kernels.bandwidth import copy_bandwidth
 
-KNOBS = ("GEMV_WAVES", "GEMV_WARPS", "GEMV_MINB", "ATTN_WARPS", "ATTN_BULK", "ATTN_STAGES", "ATTN_R",
-         "SMEM_CARVEOUT_KB")
+KNOBS = ("GEMV_WAVES", "GEMV_WARPS", "GEMV_MINB", "ATTN_WARPS")
 DEFAULTS = {k: getattr(ops, k) for k in KNOBS}
-REG = dict(ATTN_BULK=False, SMEM_CARVEOUT_KB=None)
-VARIANTS = {  # name: ops settings (+ "splits")
-    "reg": REG,
-    "reg/c64": {**REG, "SMEM_CARVEOUT_KB": 64},
-    "reg/c132": {**REG, "SMEM_CARVEOUT_KB": 132},
-    "reg/s33/c64": {**REG, "SMEM_CARVEOUT_KB": 64, "splits": 33},
-    "bulk4/s33": dict(ATTN_BULK=True, ATTN_STAGES=4, SMEM_CARVEOUT_KB=None, splits=33),
-    "bulk3/s33/c100": dict(ATTN_BULK=True, ATTN_STAGES=3, SMEM_CARVEOUT_KB=100, splits=33),
-    "bulk4/s33/c132": dict(ATTN_BULK=True, ATTN_STAGES=4, SMEM_CARVEOUT_KB=132, splits=33),
-    "bulk4/s32/c132": dict(ATTN_BULK=True, ATTN_STAGES=4, SMEM_CARVEOUT_KB=132, splits=32),
-    "bulk4/s64/c132": dict(ATTN_BULK=True, ATTN_STAGES=4, SMEM_CARVEOUT_KB=132),
-    "bulk5/s33/c164": dict(ATTN_BULK=True, ATTN_STAGES=5, SMEM_CARVEOUT_KB=164, splits=33),
+VARIANTS = {  # name: ops settings (+ "splits"; default: one wave, engine.backend_cuda.default_splits)
+    "default": {},
+    "s64": {"splits": 64},
+    "w4/s66": {"ATTN_WARPS": 4, "splits": 66},
 }
-PROFILE = ("reg", "bulk4/s33/c132")
+PROFILE = ("default",)
 PLAN = {
     "llama3-8b": ([0, 8192, 32768], list(VARIANTS)),
-    "qwen2.5-0.5b": ([0, 8192], ["reg", "reg/c64", "bulk3/s33/c100", "bulk4/s64/c132", "bulk4/s33/c132"]),
+    "qwen2.5-0.5b": ([0, 8192], ["default", "s64"]),
 }
 
 
@@ -90,22 +81,20 @@ def main(argv):
         cfg = named_shape(name)
         need = max(depths) + B.TG_TOKENS + B.WARMUP + 1
         apply({})
-        backend = CudaBackend(cfg, None, max_context=need)
-        splits0 = backend.bufs.attn_splits
+        backend = CudaBackend(cfg, None, max_context=need, attn_splits=ops.ATTN_MAX_SPLITS)
         B.fill_cache(backend)
         for d in depths:
             B.fill_depth(backend, d)
             for v in variants:
                 settings = VARIANTS[v]
                 apply(settings)
-                backend.bufs.attn_splits = min(settings.get("splits", splits0), splits0)
+                backend.bufs.attn_splits = settings.get("splits") or default_splits(cfg)
                 backend.step = DecodeStep(cfg, backend.weights, backend.bufs, backend.stream)
                 r = B.bench_tg(backend, d, 5, True, copy_gbs)
                 print(f"{name} d={d:<6} {v:<12} {r.tok_s:8.1f} tok/s {r.ms_per_token:.4f} ms "
                       f"{r.pct_copy:5.1f}% copy", flush=True)
                 if do_profile and v in PROFILE:
                     print("   " + profile(backend, d), flush=True)
-            backend.bufs.attn_splits = splits0
         del backend
     apply({})
 
