@@ -4,7 +4,7 @@
 // 2 y = silu(gate) * up with gate rows [0, n_out) and up rows [n_out, 2 n_out),
 // 3 (gemv_rope) the fused QKV projection: a warp takes rows i and i + HD/2 of one head, rotates
 // q and k heads at the state's position into y, and appends k and v as bf16 to the cache.
-// NR > 1 (EPI 0): NR consecutive rows per warp.
+// NR > 1 (EPI 0): NR consecutive rows per warp. PAIR (EPI 0, 1): rows r and r + n_out / 2 per warp.
 // ARGMAX (with EPI 0) also folds the rows into *amax (argmax_key) for the greedy sampler, which
 // resets it: one atomic per warp, skipped when the warp's best key is below the current one.
 // The first batch of weight loads is issued before waiting on the previous kernel (PDL).
@@ -22,6 +22,10 @@
 // defines: K=4096 EPI=3 NORM=1 BIAS=0 HD=128 SPLITK=2 WARPS=4 MINB=4
 // defines: K=14336 EPI=1 NORM=0 BIAS=0 SPLITK=2 WARPS=4 MINB=4
 // defines: K=4096 EPI=2 NORM=1 BIAS=0 WARPS=4 MINB=4
+// defines: K=4096 EPI=0 NORM=1 BIAS=0 ARGMAX=1 PAIR=1 WARPS=4 MINB=4
+// defines: K=4096 EPI=1 NORM=0 BIAS=0 PAIR=1 SPLITK=2 WARPS=4 MINB=4
+// defines: K=14336 EPI=1 NORM=0 BIAS=0 PAIR=1 SPLITK=2 WARPS=4 MINB=4
+// defines: K=896 EPI=0 NORM=1 BIAS=1 PAIR=1
 // defines: K=896 EPI=3 NORM=1 BIAS=1 HD=64
 // defines: K=64 EPI=3 NORM=1 BIAS=1 HD=16
 #include "common.cuh"
@@ -45,7 +49,10 @@
 #define NR 1
 #endif
 #define HALF (HD / 2)
-#define ROWS (EPI >= 2 ? 2 : 1)
+#ifndef PAIR
+#define PAIR 0
+#endif
+#define ROWS (EPI >= 2 || PAIR ? 2 : 1)
 #define RPB (WARPS / SPLITK)
 #define CHUNKS (K / 8)
 #define ITERS ((CHUNKS + 32 * SPLITK - 1) / (32 * SPLITK))
@@ -277,25 +284,37 @@ struct StoreRow {
     __device__ __forceinline__ void end() {
         if (ARGMAX && best != 0ull && best > *(volatile unsigned long long*)amax) atomicMax(amax, best);
     }
-    __device__ __forceinline__ void operator()(int row, float acc0, float acc1) {
-        const float v = BIAS ? acc0 + bias[row] : acc0;
+    int half;  // PAIR: the second row of unit r is r + half
+    __device__ __forceinline__ void one(int row, float acc) {
+        const float v = BIAS ? acc + bias[row] : acc;
         if (EPI == 0) y[row] = v;
         if (ARGMAX) best = max(best, argmax_key(v, row));
-        if (EPI == 1) y[row] += acc0;
-        if (EPI == 2) y[row] = acc0 / (1.0f + expf(-acc0)) * acc1;
+        if (EPI == 1) y[row] += acc;
+    }
+    __device__ __forceinline__ void operator()(int row, float acc0, float acc1) {
+        if (EPI == 2) {
+            y[row] = acc0 / (1.0f + expf(-acc0)) * acc1;
+        } else {
+            one(row, acc0);
+            if (PAIR) one(row + half, acc1);
+        }
     }
 };
 
-// w: [ROWS * n_out, K] bf16; x: [K]; gamma: [K] (NORM); bias: [n_out] (BIAS); y: [n_out].
+// w: [ROWS * n_out, K] bf16 (EPI 2), [n_out, K] otherwise; x: [K]; gamma: [K] (NORM); bias: [n_out]
+// (BIAS); y: [n_out]. PAIR (EPI 0 or 1, n_out even): a warp streams rows r and r + n_out / 2 together,
+// so each x (and gamma) value it loads serves two weights.
 // MINB caps registers so that ptxas keeps all U loads of a batch in flight
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
      const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
      unsigned long long* __restrict__ amax)
 {
+    static_assert(!PAIR || EPI < 2, "PAIR pairs the rows of EPI 0 or 1");
     const uint4* w4 = reinterpret_cast<const uint4*>(w);
-    StoreRow epi{bias, y, amax, 0ull};
-    stream_rows(n_out, (size_t)n_out * CHUNKS, x, gamma, eps,
+    const int units = PAIR ? n_out / 2 : n_out;
+    StoreRow epi{bias, y, amax, 0ull, units};
+    stream_rows(units, (size_t)(EPI == 2 || PAIR ? units : n_out) * CHUNKS, x, gamma, eps,
                 [&](int r) { return w4 + (size_t)r * CHUNKS; }, epi);
 }
 #else

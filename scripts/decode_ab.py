@@ -21,17 +21,16 @@ from graphs.graph import capture
 from kernels import ops
 from kernels.bandwidth import copy_bandwidth
 
-KNOBS = ("GEMV_WAVES", "GEMV_WARPS", "GEMV_MINB", "ATTN_WARPS")
+KNOBS = ("GEMV_WAVES", "GEMV_WARPS", "GEMV_MINB", "GEMV_PAIR", "ATTN_WARPS")
 DEFAULTS = {k: getattr(ops, k) for k in KNOBS}
 VARIANTS = {  # name: ops settings (+ "splits"; default: one wave, engine.backend_cuda.default_splits)
-    "default": {},
-    "s64": {"splits": 64},
-    "w4/s66": {"ATTN_WARPS": 4, "splits": 66},
+    "single": {"GEMV_PAIR": False},
+    "pair": {"GEMV_PAIR": True},
 }
-PROFILE = ("default",)
+PROFILE = ("single", "pair")
 PLAN = {
     "llama3-8b": ([0, 8192, 32768], list(VARIANTS)),
-    "qwen2.5-0.5b": ([0, 8192], ["default", "s64"]),
+    "qwen2.5-0.5b": ([0, 8192], list(VARIANTS)),
 }
 
 

@@ -89,16 +89,20 @@ GEMV_CASES = [  # n_out, k, epi, norm, bias, splitk
 ]
 
 
+@pytest.mark.parametrize("pair", [False, True])
 @pytest.mark.parametrize("blocks", [None, 3])
 @pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("n_out,k,epi,norm,bias,splitk", GEMV_CASES)
-def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, warps, minb, blocks, monkeypatch):
+def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, warps, minb, blocks, pair, monkeypatch):
     from kernels import ops
 
     monkeypatch.setattr(ops, "GEMV_WARPS", warps)
     monkeypatch.setattr(ops, "GEMV_MINB", minb)
+    monkeypatch.setattr(ops, "GEMV_PAIR", pair)
     if splitk is not None and splitk > warps:
         pytest.skip("more warps per row than per block")
+    if pair and (epi == ops.EPI_SILU or n_out % 2):
+        pytest.skip("rows pair up for EPI_STORE / EPI_ADD with an even n_out")
 
     rows = 2 * n_out if epi == ops.EPI_SILU else n_out
     wb, wf = bf16(rng.standard_normal((rows, k)) / math.sqrt(k))
