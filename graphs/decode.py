@@ -20,7 +20,7 @@ class Launches(list):
 
 def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, pdl: bool = True) -> Launches:
     """The launches of one step in order: embed, 5 per layer (6 with a per-head q/k norm), lm_head with
-    the final norm and the greedy argmax, sample.
+    the final norm and the greedy argmax (two rows per warp), sample.
 
     Per layer: QKV with RoPE and the K/V append in its epilogue (or QKV, then rope_append), attention
     with the combine in its last block, o_proj + residual, gate/up with SiLU, down_proj + residual.
@@ -54,7 +54,7 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, pdl: boo
             ops.gemv(lw.w_down, b.act, b.x, h, cfg.intermediate_size, epi=ops.EPI_ADD, pdl=pdl),
         ]
     out.append(ops.gemv(w.lm_head, b.x, b.logits, cfg.vocab_size, h, gamma=w.final_norm, eps=eps, amax=b.amax,
-                        pdl=pdl))
+                        pair=True, pdl=pdl))
     out.append(ops.sample(b.logits, b.amax, b.state, b.prompt, b.ring_dev, b.scratch_z, b.scratch_i,
                           vocab=cfg.vocab_size, max_ctx=ctx, pdl=pdl))
     return out

@@ -16,6 +16,9 @@
 // defines: HD=64 G=7
 // defines: HD=64 G=7 WARPS=8
 // defines: HD=16 G=3
+// defines: HD=128 G=4 WARPS=8 SCATTER=0
+// defines: HD=128 G=2 WARPS=8
+// defines: HD=64 G=4 WARPS=8
 #include "common.cuh"
 
 #ifndef WARPS
@@ -45,6 +48,12 @@
 #define LPR (HD / 8)
 #define SLOTS (32 / LPR)
 #define STEP (SLOTS * R)
+#define NSC (R * G)  // dot products per lane per step
+// SCATTER: sum a step's NSC dot products over a row's LPR lanes with a reduce-scatter (each level
+// halves the values a lane holds) and broadcast the totals, instead of NSC full butterflies
+#ifndef SCATTER
+#define SCATTER ((NSC & (NSC - 1)) == 0 && NSC <= LPR && NSC <= 8)
+#endif
 
 static_assert(HD % 8 == 0 && HD <= 256 && (LPR & (LPR - 1)) == 0, "head_dim must be 8 * 2^k, at most 256");
 
@@ -72,6 +81,27 @@ struct __align__(16) Merged {
     float o[WARPS][G][HD];
     float m[WARPS][G], l[WARPS][G];
 };
+
+#if SCATTER
+// v[i] summed over the LPR lanes of this lane's row group: returns the total of value sub / (LPR / NSC),
+// which lanes sub = idx * (LPR / NSC) ... hold
+__device__ __forceinline__ float scatter_sum(float (&v)[NSC], int sub) {
+#pragma unroll
+    for (int c = NSC, o = LPR / 2; c > 1; c >>= 1, o >>= 1) {
+        const bool up = (sub & o) != 0;
+#pragma unroll
+        for (int i = 0; i < c / 2; ++i) {
+            const float keep = up ? v[i + c / 2] : v[i];
+            const float send = up ? v[i] : v[i + c / 2];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+    float t = v[0];
+#pragma unroll
+    for (int o = LPR / (2 * NSC); o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+#endif
 
 // rows [lo, hi) of kv head kvh: each warp's partial, left in sm for merged(). Row `fresh` (the one
 // the previous kernel appends) is read after the PDL wait; each warp's first other rows are loaded
@@ -137,6 +167,31 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
         FOLD_ONLY(kk, vv);
 #endif
         float s[R][G];
+#if SCATTER
+        float dv[NSC];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float kf[8];
+            unpack8(kk[r], kf);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                float d = 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d = fmaf(qf[g][e], kf[e], d);
+                dv[r * G + g] = d;
+            }
+        }
+        const float tot = scatter_sum(dv, sub);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const bool ok = base + r * SLOTS + slot < hi;
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float d = __shfl_sync(0xffffffffu, tot, (r * G + g) * (LPR / NSC), LPR);
+                s[r][g] = ok ? d * scale2 : NEG_INF;
+            }
+        }
+#else
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             float kf[8];
@@ -151,6 +206,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
                 s[r][g] = ok ? d * scale2 : NEG_INF;
             }
         }
+#endif
         float vf[R][8];
 #pragma unroll
         for (int r = 0; r < R; ++r) unpack8(vv[r], vf[r]);

@@ -11,7 +11,6 @@ EPI_STORE, EPI_ADD, EPI_SILU = 0, 1, 2
 GEMV_WARPS = 4
 GEMV_MINB = 4  # blocks per SM the register cap allows: 16 warps
 GEMV_ROWS = 4
-GEMV_PAIR = False  # EPI_STORE / EPI_ADD GEMVs with an even n_out stream two rows per warp
 GEMV_WAVES = 1  # grid of GEMV_WAVES blocks per resident slot, rows striding over it; 0: a block per row group
 ROPE_WARPS = 4
 ATTN_WARPS = 8
@@ -63,18 +62,18 @@ def gemv_grid(groups: int, minb: int, blocks: int | None = None) -> int:
 
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: int = EPI_STORE, eps: float = 0.0,
          amax=None, splitk: int | None = None, minb: int | None = None, rows: int | None = None,
-         blocks: int | None = None, pair: bool | None = None, pdl: bool = False) -> Launch:
+         blocks: int | None = None, pair: bool = False, pdl: bool = False) -> Launch:
     """y[n_out] (=, += or silu-gated) W x with W [rows, k] bf16; gamma fuses the RMSNorm of x.
 
     amax (a uint64 device word, EPI_STORE only) also receives the packed argmax of y.
     rows > 1 (EPI_STORE, splitk 1) gives each warp that many consecutive rows.
     blocks caps the grid (rows stride over it; rows == 1 only).
-    pair (default GEMV_PAIR; EPI_STORE or EPI_ADD, rows == 1, n_out even): each warp streams rows r and
-    r + n_out / 2 at once.
+    pair (EPI_STORE or EPI_ADD, rows == 1, n_out even; else ignored): each warp streams rows r and
+    r + n_out / 2 at once, so each x load serves two weights (worth it for a large lm_head).
     """
     if rows is None:
         rows = gemv_rows(n_out, k, epi, splitk or gemv_splitk(n_out, k))
-    pair = bool(GEMV_PAIR if pair is None else pair) and rows == 1 and epi != EPI_SILU and n_out % 2 == 0
+    pair = pair and rows == 1 and epi != EPI_SILU and n_out % 2 == 0
     if splitk is None:
         splitk = gemv_splitk(n_out // 2 if pair else n_out, k)
     minb = minb or GEMV_MINB

@@ -5,7 +5,7 @@ PYTHONPATH=. python3 scripts/attn_bench.py
 Each variant is a CUDA graph of one attn_decode launch per layer (16 layers, each with its own cache,
 so nothing is served from L2), replayed after warm-up; the median of 5 timed replays. "nomath" variants
 stream the same rows and skip the arithmetic (NOCOMPUTE), which separates memory from math;
-"eager-rescale" rescales the running sums whenever the max grows (RESCALE=0).
+"butterflies" sums each dot product over its lanes with a full butterfly (SCATTER=0).
 """
 
 from __future__ import annotations
@@ -24,12 +24,9 @@ from kernels.cuda import init, shared_stream
 NH, NKV, HD, LAYERS = 32, 8, 128, 16
 DEPTHS = (8192, 32768)
 VARIANTS = {  # name: (warps, splits, extra attention defines)
-    "w8 s64": (8, 64, {}),
     "w8 s33": (8, 33, {}),
-    "w8 s33 eager-rescale": (8, 33, {"RESCALE": "0.0f"}),
+    "w8 s33 butterflies": (8, 33, {"SCATTER": 0}),
     "w8 s33 nomath": (8, 33, {"NOCOMPUTE": 1}),
-    "w4 s66": (4, 66, {}),
-    "w4 s66 nomath": (4, 66, {"NOCOMPUTE": 1}),
 }
 MODULE, WARPS = ops.module, ops.ATTN_WARPS
 

@@ -21,13 +21,14 @@ from graphs.graph import capture
 from kernels import ops
 from kernels.bandwidth import copy_bandwidth
 
-KNOBS = ("GEMV_WAVES", "GEMV_WARPS", "GEMV_MINB", "GEMV_PAIR", "ATTN_WARPS")
+KNOBS = ("GEMV_WAVES", "GEMV_WARPS", "GEMV_MINB", "ATTN_WARPS")
 DEFAULTS = {k: getattr(ops, k) for k in KNOBS}
-VARIANTS = {  # name: ops settings (+ "splits"; default: one wave, engine.backend_cuda.default_splits)
-    "single": {"GEMV_PAIR": False},
-    "pair": {"GEMV_PAIR": True},
+MODULE = ops.module
+VARIANTS = {  # name: ops settings (+ "splits", default one wave; + "defines": {kernel source: extra defines})
+    "default": {},
+    "butterflies": {"defines": {"attention": {"SCATTER": 0}}},
 }
-PROFILE = ("single", "pair")
+PROFILE = ("default", "butterflies")
 PLAN = {
     "llama3-8b": ([0, 8192, 32768], list(VARIANTS)),
     "qwen2.5-0.5b": ([0, 8192], list(VARIANTS)),
@@ -36,8 +37,14 @@ PLAN = {
 
 def apply(settings: dict):
     for k, v in {**DEFAULTS, **settings}.items():
-        if k != "splits":
+        if k in KNOBS:
             setattr(ops, k, v)
+    extra = settings.get("defines", {})
+
+    def module(source, **defines):
+        return MODULE(source, **{**defines, **extra.get(source, {})})
+
+    ops.module = module if extra else MODULE
 
 
 def replay_ms(backend, graph, depth: int, n: int = 64) -> float:

@@ -98,7 +98,6 @@ def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, warps, minb, blocks, p
 
     monkeypatch.setattr(ops, "GEMV_WARPS", warps)
     monkeypatch.setattr(ops, "GEMV_MINB", minb)
-    monkeypatch.setattr(ops, "GEMV_PAIR", pair)
     if splitk is not None and splitk > warps:
         pytest.skip("more warps per row than per block")
     if pair and (epi == ops.EPI_SILU or n_out % 2):
@@ -124,7 +123,7 @@ def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, warps, minb, blocks, p
     amax = cp.zeros(1, cp.uint64) if epi == ops.EPI_STORE else None
     launch = ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
                       bias=cp.asarray(b) if bias else None, epi=epi, eps=eps, amax=amax, splitk=splitk,
-                      blocks=blocks)  # 3 blocks: each strides over many rows
+                      blocks=blocks, pair=pair)  # 3 blocks: each strides over many rows
     run(cp, launch)
     if amax is not None:
         assert amax.get()[0] == amax_of(y.get())[0]
@@ -280,7 +279,7 @@ def _rope_ref(x, g, c, s, eps):
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-ATTN_HEADS = [(9, 3, 64), (14, 2, 64), (32, 8, 128), (4, 1, 16), (8, 8, 128)]
+ATTN_HEADS = [(9, 3, 64), (14, 2, 64), (32, 8, 128), (4, 1, 16), (8, 8, 128), (8, 4, 64)]
 
 
 def _attn_nkvs(splits, top=300):
