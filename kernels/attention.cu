@@ -9,7 +9,7 @@
 // (as the combine pass does) into out, and resets its counter. With one active split the block
 // writes out directly. Both read the position before the PDL wait (the previous step wrote it) and
 // start loading rows that earlier steps appended; the row this step appends waits.
-// budget: attn_partial=240 attn_decode=240
+// budget: attn_partial=248 attn_decode=248
 // defines: HD=128 G=4
 // defines: HD=128 G=4 WARPS=8
 // defines: HD=128 G=8
@@ -82,6 +82,26 @@ struct __align__(16) Merged {
     float m[WARPS][G], l[WARPS][G];
 };
 
+#define FLT_BIG 1e30f
+
+// 2^x by the hardware approximation (what exp2f becomes under fast math); 0 for x = -inf
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// sum of a[e] * b[e] over 8 elements as two chains of four, so the dependent FMAs are half as long
+__device__ __forceinline__ float dot8f(const float (&a)[8], const float (&b)[8]) {
+    float u = a[0] * b[0], v = a[4] * b[4];
+#pragma unroll
+    for (int e = 1; e < 4; ++e) {
+        u = fmaf(a[e], b[e], u);
+        v = fmaf(a[e + 4], b[e + 4], v);
+    }
+    return u + v;
+}
+
 #if SCATTER
 // v[i] summed over the LPR lanes of this lane's row group: returns the total of value sub / (LPR / NSC),
 // which lanes sub = idx * (LPR / NSC) ... hold
@@ -134,19 +154,21 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
             nv[r] = ld_early(vb + (size_t)row * LPR);
         }
     }
+    // q pre-scaled, so dot products come out in the base-2 domain
     float qf[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         const float4* qp = reinterpret_cast<const float4*>(q + (size_t)(kvh * G + g) * HD + sub * 8);
         const float4 a = qp[0], b = qp[1];
-        qf[g][0] = a.x; qf[g][1] = a.y; qf[g][2] = a.z; qf[g][3] = a.w;
-        qf[g][4] = b.x; qf[g][5] = b.y; qf[g][6] = b.z; qf[g][7] = b.w;
+        qf[g][0] = a.x * scale2; qf[g][1] = a.y * scale2; qf[g][2] = a.z * scale2; qf[g][3] = a.w * scale2;
+        qf[g][4] = b.x * scale2; qf[g][5] = b.y * scale2; qf[g][6] = b.z * scale2; qf[g][7] = b.w * scale2;
     }
+    // a finite floor as the first reference: masked rows (-inf) then give exp2 = 0, never NaN
     Part p;
     float top[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        p.m[g] = NEG_INF;
+        p.m[g] = -FLT_BIG;
         top[g] = NEG_INF;
         p.l[g] = 0.f;
 #pragma unroll
@@ -174,12 +196,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
             float kf[8];
             unpack8(kk[r], kf);
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                float d = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) d = fmaf(qf[g][e], kf[e], d);
-                dv[r * G + g] = d;
-            }
+            for (int g = 0; g < G; ++g) dv[r * G + g] = dot8f(qf[g], kf);
         }
         const float tot = scatter_sum(dv, sub);
 #pragma unroll
@@ -188,7 +205,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
 #pragma unroll
             for (int g = 0; g < G; ++g) {
                 const float d = __shfl_sync(0xffffffffu, tot, (r * G + g) * (LPR / NSC), LPR);
-                s[r][g] = ok ? d * scale2 : NEG_INF;
+                s[r][g] = ok ? d : NEG_INF;
             }
         }
 #else
@@ -199,11 +216,8 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
             const bool ok = base + r * SLOTS + slot < hi;
 #pragma unroll
             for (int g = 0; g < G; ++g) {
-                float d = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) d = fmaf(qf[g][e], kf[e], d);
-                d = group_sum<LPR>(d);
-                s[r][g] = ok ? d * scale2 : NEG_INF;
+                const float d = group_sum<LPR>(dot8f(qf[g], kf));
+                s[r][g] = ok ? d : NEG_INF;
             }
         }
 #endif
@@ -217,17 +231,16 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
             for (int r = 1; r < R; ++r) mx = fmaxf(mx, s[r][g]);
             top[g] = fmaxf(top[g], mx);
             if (mx > p.m[g] + RESCALE) {  // rare: the first live row, or a much larger score
-                const float corr = exp2f(p.m[g] - mx);
+                const float corr = fast_exp2(p.m[g] - mx);
                 p.l[g] *= corr;
 #pragma unroll
                 for (int e = 0; e < 8; ++e) p.o[g][e] *= corr;
                 p.m[g] = mx;
             }
-            if (p.m[g] == NEG_INF) continue;
             float e2[R];
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                e2[r] = exp2f(s[r][g] - p.m[g]);
+                e2[r] = fast_exp2(s[r][g] - p.m[g]);
                 p.l[g] += e2[r];
             }
 #pragma unroll
@@ -239,11 +252,10 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
             }
         }
     }
-    // the true max becomes the reference
+    // the true max becomes the reference (-inf, with l = 0 and o = 0, for a warp with no rows)
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        if (top[g] == NEG_INF) continue;
-        const float corr = exp2f(p.m[g] - top[g]);
+        const float corr = top[g] == NEG_INF ? 1.0f : exp2f(p.m[g] - top[g]);
         p.l[g] *= corr;
 #pragma unroll
         for (int e = 0; e < 8; ++e) p.o[g][e] *= corr;

@@ -5,12 +5,13 @@ PYTHONPATH=. python3 scripts/attn_bench.py
 Each variant is a CUDA graph of one attn_decode launch per layer (16 layers, each with its own cache,
 so nothing is served from L2), replayed after warm-up; the median of 5 timed replays. "nomath" variants
 stream the same rows and skip the arithmetic (NOCOMPUTE), which separates memory from math;
-"butterflies" sums each dot product over its lanes with a full butterfly (SCATTER=0).
+"prev" runs scripts/attention_prev.cu (an earlier kernel) when that file is present.
 """
 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import cupy as cp
 import numpy as np
@@ -23,10 +24,11 @@ from kernels.cuda import init, shared_stream
 
 NH, NKV, HD, LAYERS = 32, 8, 128, 16
 DEPTHS = (8192, 32768)
-VARIANTS = {  # name: (warps, splits, extra attention defines)
-    "w8 s33": (8, 33, {}),
-    "w8 s33 butterflies": (8, 33, {"SCATTER": 0}),
-    "w8 s33 nomath": (8, 33, {"NOCOMPUTE": 1}),
+PREV = "scripts/attention_prev.cu"  # an earlier kernels/attention.cu, when present
+VARIANTS = {  # name: (warps, splits, extra attention defines, attention source)
+    "w8 s33": (8, 33, {}, "attention"),
+    "w8 s33 prev": (8, 33, {}, PREV),
+    "w8 s33 nomath": (8, 33, {"NOCOMPUTE": 1}, "attention"),
 }
 MODULE, WARPS = ops.module, ops.ATTN_WARPS
 
@@ -53,11 +55,13 @@ def main():
         row["pos"] = depth - 1
         st.set(row)
         nbytes = depth * NKV * HD * 2 * 2
-        for name, (warps, splits, extra) in VARIANTS.items():
+        for name, (warps, splits, extra, source) in VARIANTS.items():
+            if not Path(source).with_suffix(".cu").exists() and source != "attention":
+                continue
             ops.ATTN_WARPS = warps
 
-            def module(src, extra=extra, **d):
-                return MODULE(src, **({**d, **extra} if src == "attention" else d))
+            def module(src, extra=extra, source=source, **d):
+                return MODULE(source, **{**d, **extra}) if src == "attention" else MODULE(src, **d)
 
             ops.module = module
             launches = [ops.attn_decode(q, k[i], v[i], st, pm, pl, pacc, out, counters[i], nh=NH, nkv=NKV, hd=HD,

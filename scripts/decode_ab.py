@@ -24,11 +24,12 @@ from kernels.bandwidth import copy_bandwidth
 KNOBS = ("GEMV_WAVES", "GEMV_WARPS", "GEMV_MINB", "ATTN_WARPS")
 DEFAULTS = {k: getattr(ops, k) for k in KNOBS}
 MODULE = ops.module
-VARIANTS = {  # name: ops settings (+ "splits", default one wave; + "defines": {kernel source: extra defines})
+VARIANTS = {  # name: ops settings, + "splits" (default one wave), + "defines" {kernel: extra defines},
+    # + "sources" {kernel: another .cu file, e.g. an earlier version}
     "default": {},
-    "butterflies": {"defines": {"attention": {"SCATTER": 0}}},
+    "prev": {"sources": {"attention": "scripts/attention_prev.cu"}},
 }
-PROFILE = ("default", "butterflies")
+PROFILE = ("default", "prev")
 PLAN = {
     "llama3-8b": ([0, 8192, 32768], list(VARIANTS)),
     "qwen2.5-0.5b": ([0, 8192], list(VARIANTS)),
@@ -39,12 +40,12 @@ def apply(settings: dict):
     for k, v in {**DEFAULTS, **settings}.items():
         if k in KNOBS:
             setattr(ops, k, v)
-    extra = settings.get("defines", {})
+    extra, sources = settings.get("defines", {}), settings.get("sources", {})
 
     def module(source, **defines):
-        return MODULE(source, **{**defines, **extra.get(source, {})})
+        return MODULE(sources.get(source, source), **{**defines, **extra.get(source, {})})
 
-    ops.module = module if extra else MODULE
+    ops.module = module if extra or sources else MODULE
 
 
 def replay_ms(backend, graph, depth: int, n: int = 64) -> float:
