@@ -103,6 +103,13 @@ __device__ __forceinline__ float group_sum(float v) {
     return v;
 }
 
+// RoPE of one rotate-half pair (a = x[i], b = x[i + D/2]) at angle (cos cf, sin sf), in place
+__device__ __forceinline__ void rotate_pair(float& a, float& b, float cf, float sf) {
+    const float lo = a * cf - b * sf;
+    b = b * cf + a * sf;
+    a = lo;
+}
+
 // RMSNorm of one head held by a warp as rotate-half pairs: lane owns a[j] = x[lane + 32j] and
 // b[j] = x[lane + 32j + D/2] (Qwen3's q/k norm, applied before RoPE)
 template <int D, int N>

@@ -92,6 +92,19 @@ __device__ __forceinline__ float4 mul4(float4 a, float4 b) {
     return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
 }
 
+// x[8k .. 8k+8) into xa, xb; with NORM, their squares added to ss and the values scaled by gamma
+__device__ __forceinline__ void load_x8(const float4* __restrict__ x4, const float4* __restrict__ g4, int k,
+                                        float4& xa, float4& xb, float& ss) {
+    xa = __ldg(x4 + 2 * k);
+    xb = __ldg(x4 + 2 * k + 1);
+    if (NORM) {
+        ss = fmaf(xa.x, xa.x, fmaf(xa.y, xa.y, fmaf(xa.z, xa.z, fmaf(xa.w, xa.w, ss))));
+        ss = fmaf(xb.x, xb.x, fmaf(xb.y, xb.y, fmaf(xb.z, xb.z, fmaf(xb.w, xb.w, ss))));
+        xa = mul4(xa, __ldg(g4 + 2 * k));
+        xb = mul4(xb, __ldg(g4 + 2 * k + 1));
+    }
+}
+
 // batch b of rows w0 (and w1 = w0 + off1 when ROWS == 2); a dead row loads nothing (zeros)
 template <bool EARLY>
 __device__ __forceinline__ void load_batch(const uint4* __restrict__ w0, size_t off1, bool live, int b, int part,
@@ -112,13 +125,8 @@ __device__ __forceinline__ void fma_batch(const float4* __restrict__ x4, const f
     for (int u = 0; u < U; ++u) {
         const int k = ((b * U + u) * SPLITK + part) * 32 + lane;
         if (RAGGED && k >= CHUNKS) continue;
-        float4 xa = __ldg(x4 + 2 * k), xb = __ldg(x4 + 2 * k + 1);
-        if (NORM) {
-            ss = fmaf(xa.x, xa.x, fmaf(xa.y, xa.y, fmaf(xa.z, xa.z, fmaf(xa.w, xa.w, ss))));
-            ss = fmaf(xb.x, xb.x, fmaf(xb.y, xb.y, fmaf(xb.z, xb.z, fmaf(xb.w, xb.w, ss))));
-            xa = mul4(xa, __ldg(g4 + 2 * k));
-            xb = mul4(xb, __ldg(g4 + 2 * k + 1));
-        }
+        float4 xa, xb;
+        load_x8(x4, g4, k, xa, xb, ss);
         acc0 = dot8(a[u], xa, xb, acc0);
         if (ROWS == 2) acc1 = dot8(c[u], xa, xb, acc1);
     }
@@ -246,13 +254,8 @@ gemv(const bf16* __restrict__ w, const float* __restrict__ x, const float* __res
         for (int u = 0; u < U; ++u) {
             const int k = (b * U + u) * 32 + lane;
             if (RAGGED && k >= CHUNKS) continue;
-            float4 xa = __ldg(x4 + 2 * k), xb = __ldg(x4 + 2 * k + 1);
-            if (NORM) {
-                ss = fmaf(xa.x, xa.x, fmaf(xa.y, xa.y, fmaf(xa.z, xa.z, fmaf(xa.w, xa.w, ss))));
-                ss = fmaf(xb.x, xb.x, fmaf(xb.y, xb.y, fmaf(xb.z, xb.z, fmaf(xb.w, xb.w, ss))));
-                xa = mul4(xa, __ldg(g4 + 2 * k));
-                xb = mul4(xb, __ldg(g4 + 2 * k + 1));
-            }
+            float4 xa, xb;
+            load_x8(x4, g4, k, xa, xb, ss);
 #pragma unroll
             for (int i = 0; i < NR; ++i) acc[i] = dot8(a[i][u], xa, xb, acc[i]);
         }
@@ -279,12 +282,12 @@ struct StoreRow {
     const float* bias;
     float* y;
     unsigned long long* amax;
-    unsigned long long best;
+    unsigned long long best;  // ARGMAX: the best key of this warp's rows so far
+    int half;                 // PAIR: the second row of unit r is r + half
     __device__ __forceinline__ void begin() {}
     __device__ __forceinline__ void end() {
         if (ARGMAX && best != 0ull && best > *(volatile unsigned long long*)amax) atomicMax(amax, best);
     }
-    int half;  // PAIR: the second row of unit r is r + half
     __device__ __forceinline__ void one(int row, float acc) {
         const float v = BIAS ? acc + bias[row] : acc;
         if (EPI == 0) y[row] = v;
@@ -332,13 +335,7 @@ struct RopeRow {
         const int r0 = head * HD + i;
         float a = BIAS ? acc0 + bias[r0] : acc0;
         float b = BIAS ? acc1 + bias[r0 + HALF] : acc1;
-        if (head < nh + nkv) {
-            const float cf = cos_t[(size_t)pos * HALF + i], sf = sin_t[(size_t)pos * HALF + i];
-            const float lo = a * cf - b * sf;
-            const float hi = b * cf + a * sf;
-            a = lo;
-            b = hi;
-        }
+        if (head < nh + nkv) rotate_pair(a, b, cos_t[(size_t)pos * HALF + i], sin_t[(size_t)pos * HALF + i]);
         y[r0] = a;
         y[r0 + HALF] = b;
         if (head >= nh) {

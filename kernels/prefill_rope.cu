@@ -88,15 +88,13 @@ rope_rows(int pos0, int T, const float* __restrict__ qkv, const float* __restric
     for (int j = 0; j < PER; ++j) {
         const int i = lane + 32 * j;
         if (i >= HALF) continue;
-        const float cf = cos_t[(size_t)pos * HALF + i], sf = sin_t[(size_t)pos * HALF + i];
-        const float lo = a[j] * cf - b[j] * sf;
-        const float hi = b[j] * cf + a[j] * sf;
+        rotate_pair(a[j], b[j], cos_t[(size_t)pos * HALF + i], sin_t[(size_t)pos * HALF + i]);
         if (!is_k) {
-            qdst[i] = f2bf(lo * qscale);
-            qdst[i + HALF] = f2bf(hi * qscale);
+            qdst[i] = f2bf(a[j] * qscale);
+            qdst[i + HALF] = f2bf(b[j] * qscale);
         } else {
-            k_cache[crow + i] = f2bf(lo);
-            k_cache[crow + i + HALF] = f2bf(hi);
+            k_cache[crow + i] = f2bf(a[j]);
+            k_cache[crow + i + HALF] = f2bf(b[j]);
             v_cache[crow + i] = f2bf(vsrc[i] + (BIAS ? vb[i] : 0.f));
             v_cache[crow + i + HALF] = f2bf(vsrc[i + HALF] + (BIAS ? vb[i + HALF] : 0.f));
         }

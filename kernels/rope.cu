@@ -44,15 +44,13 @@ rope_append(float* __restrict__ qkv, const float* __restrict__ q_norm, const flo
     for (int j = 0; j < PER; ++j) {
         const int i = lane + 32 * j;
         if (i >= HALF) continue;
-        const float cf = cos_t[(size_t)pos * HALF + i], sf = sin_t[(size_t)pos * HALF + i];
-        const float lo = a[j] * cf - b[j] * sf;
-        const float hi = b[j] * cf + a[j] * sf;
+        rotate_pair(a[j], b[j], cos_t[(size_t)pos * HALF + i], sin_t[(size_t)pos * HALF + i]);
         if (!is_k) {
-            src[i] = lo;
-            src[i + HALF] = hi;
+            src[i] = a[j];
+            src[i + HALF] = b[j];
         } else {
-            kdst[i] = f2bf(lo);
-            kdst[i + HALF] = f2bf(hi);
+            kdst[i] = f2bf(a[j]);
+            kdst[i + HALF] = f2bf(b[j]);
             vdst[i] = f2bf(vsrc[i]);
             vdst[i + HALF] = f2bf(vsrc[i + HALF]);
         }
