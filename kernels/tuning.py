@@ -1,0 +1,28 @@
+"""Kernel tuning as explicit, frozen values handed to the launch builders (never patched module globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GemvTuning:
+    warps: int = 4  # warps per block
+    min_blocks: int = 4  # blocks per SM the register cap allows (warps * min_blocks resident warps)
+    rows: int = 4  # rows per warp for many short rows (a small model's lm_head)
+    waves: int = 1  # grid = waves blocks per resident slot, rows striding over it; 0: one block per row group
+
+
+@dataclass(frozen=True)
+class AttnTuning:
+    warps: int = 8  # warps per attn_decode block
+    min_chunk: int = 64  # cache rows per active split at least
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Everything a step builder needs to choose launch shapes; one value per model load."""
+
+    gemv: GemvTuning = field(default_factory=GemvTuning)
+    attn: AttnTuning = field(default_factory=AttnTuning)
+    splits: int | None = None  # attention splits; None: one full wave of resident blocks
