@@ -104,14 +104,14 @@ def embed(table, state, x, vocab: int, hidden: int, pdl: bool = False) -> Launch
     """x [hidden] f32 = table[state.token] (clamped into the vocabulary); table [vocab, hidden] bf16."""
     threads = hidden // 8  # 8 bf16 (16 bytes) per thread
     block = min(256, threads)
-    return module("embed", H=hidden).function("embed", "PPPi").prepare(
+    return module("embed", HIDDEN=hidden).function("embed", "PPPi").prepare(
         math.ceil(threads / block), block, [table, state, x, vocab], pdl=pdl)
 
 
 def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: int, kv_heads: int, hd: int,
                 max_ctx: int, eps: float, warps: int = Tuning.rope_warps, pdl: bool = False) -> Launch:
     """q/k RMSNorm (when q_norm is given), RoPE at the state's position, and the K/V append; one warp per head."""
-    mod = module("rope", HD=hd, QK_NORM=int(q_norm is not None), WARPS=warps)
+    mod = module("rope", HEAD_DIM=hd, QK_NORM=int(q_norm is not None), WARPS=warps)
     return mod.function("rope_append", "PPPPPPPPiiif").prepare(
         math.ceil((nh + kv_heads) / warps), warps * 32,
         [qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, nh, kv_heads, max_ctx, eps], pdl=pdl)
