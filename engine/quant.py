@@ -53,7 +53,8 @@ try:
 except ImportError:  # pragma: no cover
     pass
 BY_GGML: dict[GT, QType] = {q.ggml: q for q in QTYPES.values()}
-QUANTIZERS = ("q8_0", "q4_0")  # formats quantize() writes, bit-exact with gguf.quants.quantize
+QUANTIZERS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # quantize() writes these, bit-exact with gguf's
+QUANTIZE_AT_LOAD = ("q8_0", "q4_0")  # --quantize for bf16/fp16/fp32 checkpoints
 
 
 def supported_names() -> str:
