@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError
+from engine.errors import GDecodeError, check_tokens
 from engine.weights import LayerWeights, ModelWeights
 from kernels.numerics import LOG2E, rope_tables
 
@@ -142,10 +142,7 @@ class ReferenceModel:
 
     def _run(self, ids: np.ndarray, decode: bool) -> np.ndarray:
         start, t = self.pos, ids.size
-        if start + t > self.max_context:
-            raise GDecodeError(f"context full: {start + t} tokens exceed max context {self.max_context}")
-        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
-            raise GDecodeError(f"token id out of range [0, {self.cfg.vocab_size})")
+        check_tokens(ids, self.cfg.vocab_size, self.max_context, start)
         x = self.embed[ids]
         for i, lw in enumerate(self.layers):
             x = self._layer(i, lw, x, start, decode)

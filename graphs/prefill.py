@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError
+from engine.errors import GDecodeError, check_tokens
 from graphs.buffers import STATE_DTYPE, DecodeBuffers, DeviceWeights
 from kernels import ops
 from kernels import prefill_ops as pops
@@ -80,12 +80,6 @@ class Prefill:
             ))
         self._handle = pops.cublas_handle(stream)
 
-    def check(self, n: int, start: int) -> None:
-        """Raise GDecodeError unless positions start..start+n-1 fit in the KV cache."""
-        if start < 0 or start + n > self.bufs.max_context:
-            raise GDecodeError(f"a prompt of {n} tokens at position {start} does not fit the context of "
-                               f"{self.bufs.max_context} positions")
-
     def run(self, ids, start: int = 0, logits: bool = False):
         """Write the K/V of tokens `ids` at positions start..start+len(ids)-1 into the cache.
 
@@ -94,13 +88,11 @@ class Prefill:
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         n = ids.size
-        self.check(n, start)
+        check_tokens(ids, self.cfg.vocab_size, self.bufs.max_context, start)
         if n == 0:
             if logits:
                 raise GDecodeError("no tokens to compute logits for")
             return None
-        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
-            raise GDecodeError(f"token id out of range [0, {self.cfg.vocab_size})")
         s = self.stream
         with s:
             self._handle = pops.cublas_handle(s)
@@ -137,7 +129,7 @@ class Prefill:
         ids[:start]) and set the state to token ids[-1] at position n - 1, so the next decode step
         runs the last prompt token and samples its successor."""
         n = len(ids)
-        self.check(n, 0)
+        check_tokens(ids, self.cfg.vocab_size, self.bufs.max_context)
         if not 0 <= start < n:
             raise GDecodeError(f"prefill start {start} is outside a prompt of {n} tokens")
         if n - 1 > start:
