@@ -100,10 +100,14 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
                                 max_ctx], pdl=pdl)
 
 
+EMBED_BLOCK = 256
+FILL_BLOCK, FILL_BLOCKS_PER_SM = 256, 64
+
+
 def embed(table, state, x, vocab: int, hidden: int, pdl: bool = False) -> Launch:
     """x [hidden] f32 = table[state.token] (clamped into the vocabulary); table [vocab, hidden] bf16."""
     threads = hidden // 8  # 8 bf16 (16 bytes) per thread
-    block = min(256, threads)
+    block = min(EMBED_BLOCK, threads)
     return module("embed", HIDDEN=hidden).function("embed", "PPPi").prepare(
         math.ceil(threads / block), block, [table, state, x, vocab], pdl=pdl)
 
@@ -126,8 +130,9 @@ def sample(logits, amax, state, prompt, ring, scratch_z, scratch_i, *, vocab: in
 
 def _fill(name: str, out, seed: int, scale: float, offset: float, stream=None):
     n = out.size
-    grid = max(1, min(math.ceil(n / 256), 64 * sm_count()))
-    module("fill", NONE=0).function(name, "PqQff").launch(grid, 256, [out, n, seed % 2**64, scale, offset],
+    # a grid-stride loop: one element per thread, the grid capped at FILL_BLOCKS_PER_SM waves' worth
+    grid = max(1, min(math.ceil(n / FILL_BLOCK), FILL_BLOCKS_PER_SM * sm_count()))
+    module("fill", NONE=0).function(name, "PqQff").launch(grid, FILL_BLOCK, [out, n, seed % 2**64, scale, offset],
                                                            stream=stream)
 
 
