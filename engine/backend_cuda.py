@@ -55,7 +55,7 @@ class CudaBackend:
             self.tuning, self.attn_splits = tuning, tuning.splits
             self.bufs = DecodeBuffers(cfg, self.max_context, self.attn_splits, RING)
             try:
-                self.prefill = Prefill(cfg, self.weights, self.bufs, stream, tuning.prefill)
+                self.prefill = Prefill(cfg, self.weights, self.bufs, stream, tuning)
             except GDecodeError:
                 self.prefill = None  # a head size the prefill kernels don't cover: replay the prompt
             stream.synchronize()
