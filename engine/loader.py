@@ -1,0 +1,37 @@
+"""A model path to config, weights and tokenizer: a Hugging Face folder or a .gguf file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import ModelConfig
+from engine.gguf_model import gguf_plan, is_gguf, load_gguf
+from engine.tokenizer import Tokenizer
+from engine.weights import ModelWeights, load_weights
+
+
+@dataclass
+class LoadedModel:
+    cfg: ModelConfig
+    weights: ModelWeights
+    tokenizer: Tokenizer | None
+    gguf: bool  # weights came from a GGUF file (quantized matrices stay QuantMatrix / QuantStack)
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """The model's config alone (no weights read)."""
+    if is_gguf(path):
+        _, _, cfg, _ = gguf_plan(path)
+        return ModelConfig.from_dict(cfg, source=str(path))
+    return ModelConfig.from_dir(path)
+
+
+def load_model(path: str | Path, tokenizer: bool = True) -> LoadedModel:
+    """Config, weights and (with tokenizer) the tokenizer of a model folder or GGUF file."""
+    if is_gguf(path):
+        cfg, weights, tok = load_gguf(path, tokenizer=tokenizer)
+        return LoadedModel(cfg, weights, tok, True)
+    cfg = ModelConfig.from_dir(path)
+    tok = Tokenizer.from_dir(path, cfg) if tokenizer else None
+    return LoadedModel(cfg, load_weights(path, cfg), tok, False)
