@@ -7,21 +7,15 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
 from engine.weights import LayerWeights, ModelWeights
+from kernels.numerics import LOG2E, rope_tables
 
 ATTN_SPLITS = 32
-LOG2E = 1.4426950408889634
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x * rsqrt(mean(x^2) + eps) * w over the last axis, in float32."""
     ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
     return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * w
-
-
-def rope_tables(cfg: ModelConfig, max_context: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin: [max_context, head_dim/2] float32 (angles computed in float64)."""
-    ang = np.arange(max_context, dtype=np.float64)[:, None] * cfg.inv_freq()[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -122,7 +116,7 @@ class ReferenceModel:
         self.lm_head = self.embed if tied else _f32(weights.lm_head)
         self.final_norm = _f32(weights.final_norm)
         self.layers = [LayerWeights(**{k: _f32(a) for k, a in vars(lw).items()}) for lw in weights.layers]
-        self.cos, self.sin = rope_tables(cfg, max_context)
+        self.cos, self.sin = rope_tables(cfg.inv_freq(), max_context)
         shape = (cfg.num_layers, cfg.num_kv_heads, max_context, cfg.head_dim)
         # k, v: [layers, n_kv, max_context, hd]
         self.k = np.zeros(shape, np.float32)

@@ -10,8 +10,8 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
-from engine.reference import rope_tables
 from engine.weights import ModelWeights
+from kernels.numerics import rope_tables
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 # the C struct DecodeState of kernels/common.cuh
@@ -23,6 +23,7 @@ STATE_DTYPE = np.dtype([
 GUARD = 4096  # bf16 elements after each cache half, never written by a kernel
 GUARD_BITS = 0x7FC1
 HEADROOM = 1 << 30  # device memory left free after sizing the KV cache
+CUDA_HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped: pinned host memory the device can address
 
 
 def to_bf16_bits(a: np.ndarray) -> np.ndarray:
@@ -153,7 +154,7 @@ class DecodeBuffers:
         self.kv[2 * self.cache_elems + GUARD :] = GUARD_BITS
         self.k_cache = self.kv[: self.cache_elems]
         self.v_cache = self.kv[self.cache_elems + GUARD : 2 * self.cache_elems + GUARD]
-        cos, sin = rope_tables(cfg, max_context)
+        cos, sin = rope_tables(cfg.inv_freq(), max_context)
         self.cos, self.sin = cp.asarray(cos), cp.asarray(sin)
         self.state = cp.zeros(STATE_DTYPE.itemsize, cp.uint8)  # one DecodeState
         self.prompt = cp.zeros(max_context, cp.int32)
@@ -171,7 +172,7 @@ class DecodeBuffers:
         self.scratch_i = cp.zeros(cfg.vocab_size, cp.int32)
         # ring: host-mapped pinned memory the sampler writes each step's next token into
         self.ring_size = ring_size
-        self._ring_mem = cp.cuda.PinnedMemory(ring_size * 4, flags=2)  # cudaHostAllocMapped
+        self._ring_mem = cp.cuda.PinnedMemory(ring_size * 4, flags=CUDA_HOST_ALLOC_MAPPED)
         self.ring = np.ctypeslib.as_array((ctypes.c_int32 * ring_size).from_address(self._ring_mem.ptr))
         self.ring[:] = -1
         from cuda.bindings import driver
@@ -185,6 +186,13 @@ class DecodeBuffers:
         """(k, v) device addresses of one layer's [n_kv, max_ctx, hd] cache."""
         n = self.cache_elems // self.cfg.num_layers
         return self.k_cache.data.ptr + 2 * layer * n, self.v_cache.data.ptr + 2 * layer * n
+
+    def fill_cache_random(self, seed: int, stream) -> None:
+        """Random bf16 K and V in every cache row (benchmarks at depth read real-looking values)."""
+        from kernels.ops import fill_bf16
+
+        fill_bf16(self.k_cache, seed, 1.0, stream=stream)
+        fill_bf16(self.v_cache, seed + 1, 1.0, stream=stream)
 
     def guards_intact(self) -> bool:
         g = self.kv.get()
