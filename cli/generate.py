@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from cli.main import app
+from engine.errors import GDecodeError
 from engine.llm import DEFAULT_MODEL, LLM
 from engine.sampling import SamplingParams
 
@@ -24,17 +25,20 @@ def generate(
     seed: Optional[int] = typer.Option(None, help="Sampling seed; the same seed gives the same tokens."),
     stop: list[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the model's chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="With --chat: a system message first."),
     backend: str = typer.Option("auto", help="auto | cuda | numpy"),
     max_context: Optional[int] = typer.Option(None, help="KV-cache length (default: the model's limit)."),
     no_graph: bool = typer.Option(False, "--no-graph", help="Launch the decode kernels eagerly (CUDA)."),
 ):
     """Generate text from PROMPT, streaming it to stdout; speed goes to stderr."""
+    if system is not None and not chat:
+        raise GDecodeError("--system needs --chat")
     if prompt == "-":
         prompt = sys.stdin.read()
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             max_new_tokens=max_new_tokens, stop=tuple(stop))
     llm = LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph)
-    for piece in llm.generate(prompt, params, chat=chat):
+    for piece in llm.generate(prompt, params, chat=chat, system=system):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")

@@ -9,6 +9,7 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
+from engine.prefix import shared_prefix
 from engine.sampling import SamplingParams
 from engine.weights import ModelWeights
 from kernels.tuning import Tuning
@@ -60,11 +61,14 @@ class CudaBackend:
             stream.synchronize()
         self.step = DecodeStep(cfg, self.weights, self.bufs, stream, tuning, use_graph, pdl)
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(RING)]
+        self.held: list[int] = []  # the tokens whose K/V the cache holds at positions 0..len-1
+        self.reused = 0  # prompt tokens the last generate() took from the cache
 
-    def start(self, prompt_ids, params: SamplingParams | None = None, seed: int = 0, prefill: bool = False) -> int:
+    def start(self, prompt_ids, params: SamplingParams | None = None, seed: int = 0, prefill: bool = False,
+              keep: int = 0) -> int:
         """Load a prompt and sampling parameters into the device state (position 0); with prefill,
-        the first n-1 prompt tokens go through the batched prefill and the state points at the last.
-        Returns the position the next replay runs."""
+        prompt tokens keep..n-2 go through the batched prefill (the cache already holds 0..keep-1)
+        and the state points at the last. Returns the position the next replay runs."""
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise GDecodeError("the prompt is empty")
@@ -73,10 +77,11 @@ class CudaBackend:
         if min(ids) < 0 or max(ids) >= self.cfg.vocab_size:
             raise GDecodeError(f"token id out of range [0, {self.cfg.vocab_size})")
         p = params or SamplingParams(temperature=0.0)
+        self.held = []
         self.stream.synchronize()
         self.bufs.write_state(self.stream, ids, p.temperature, p.top_k, p.top_p, seed)
         if prefill and self.prefill is not None and len(ids) > 1:
-            self.prefill.ready(ids)
+            self.prefill.ready(ids, start=keep)
             return len(ids) - 1
         return 0
 
@@ -94,16 +99,22 @@ class CudaBackend:
         self.stream.synchronize()
         return self.bufs.read_state()
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int) -> Iterator[int]:
+    def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
+                 reuse: bool = False) -> Iterator[int]:
         """Yield up to max_new_tokens sampled ids; stops early at the context limit.
 
         The first n-1 prompt tokens are prefilled in batch; the first replay runs the last prompt
         token at position n-1 and samples. Up to IN_FLIGHT replays are queued ahead of the token
-        being read from the host ring.
+        being read from the host ring. With reuse (and the batched prefill), the prompt's longest
+        prefix that the cache already holds is not prefilled again.
         """
-        n = len(prompt_ids)
-        issued = self.start(prompt_ids, params, params.seed or 0, prefill=True)
+        ids = [int(t) for t in prompt_ids]
+        n = len(ids)
+        keep = shared_prefix(self.held, ids) if reuse and self.prefill is not None else 0
+        self.reused = keep
+        issued = self.start(ids, params, params.seed or 0, prefill=True, keep=keep)
         end = min(n - 1 + max_new_tokens, self.max_context)
+        out: list[int] = []
         try:
             for j in range(n - 1, end):
                 while issued < end and issued <= j + IN_FLIGHT:
@@ -111,6 +122,9 @@ class CudaBackend:
                     self._events[issued % RING].record(self.stream)
                     issued += 1
                 self._events[j % RING].synchronize()
-                yield int(self.bufs.ring[j % RING])
+                out.append(int(self.bufs.ring[j % RING]))
+                yield out[-1]
         finally:
             self.stream.synchronize()
+            # replays ran positions up to issued-1; the token at position n+i is out[i]
+            self.held = (ids + out)[:issued]

@@ -82,16 +82,18 @@ class LLM:
     def max_context(self) -> int:
         return self.backend.max_context
 
-    def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
+    def encode_prompt(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
         if chat:
-            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+            head = [{"role": "system", "content": system}] if system is not None else []
+            return self.tokenizer.encode_chat([*head, {"role": "user", "content": prompt}])
         return self.tokenizer.encode(prompt)
 
-    def generate(self, prompt: str, params: SamplingParams = SamplingParams(), chat: bool = False
-                 ) -> Iterator[str]:
-        """Yield the generated text (not the prompt) piece by piece; self.stats is filled as it goes."""
+    def generate(self, prompt: str, params: SamplingParams = SamplingParams(), chat: bool = False,
+                 system: str | None = None) -> Iterator[str]:
+        """Yield the generated text (not the prompt) piece by piece; self.stats is filled as it goes.
+        With chat, the prompt is one user message (after `system`, if given) in the chat template."""
         t0 = time.perf_counter()
-        ids = self.encode_prompt(prompt, chat)
+        ids = self.encode_prompt(prompt, chat, system)
         if not ids:
             raise GDecodeError("the prompt is empty")
         if len(ids) >= self.max_context:

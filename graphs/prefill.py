@@ -132,13 +132,16 @@ class Prefill:
             ly.silu(s, pos0, t)
             ly.down(h, t)
 
-    def ready(self, ids) -> None:
-        """After `bufs.write_state(ids, ...)`: prefill ids[:-1] and set the state to token ids[-1] at
-        position n - 1, so the next decode step runs the last prompt token and samples its successor."""
+    def ready(self, ids, start: int = 0) -> None:
+        """After `bufs.write_state(ids, ...)`: prefill ids[start:-1] (the cache already holds the K/V of
+        ids[:start]) and set the state to token ids[-1] at position n - 1, so the next decode step
+        runs the last prompt token and samples its successor."""
         n = len(ids)
         self.check(n, 0)
-        if n > 1:
-            self.run(ids[:-1])
+        if not 0 <= start < n:
+            raise GDecodeError(f"prefill start {start} is outside a prompt of {n} tokens")
+        if n - 1 > start:
+            self.run(ids[start:-1], start=start)
         at = STATE_DTYPE.fields["token"][1]
         assert STATE_DTYPE.fields["pos"][1] == at + 4
         self.bufs.state[at : at + 8].set(np.array([ids[-1], n - 1], np.int32).view(np.uint8), stream=self.stream)
