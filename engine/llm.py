@@ -48,17 +48,15 @@ class LLM:
             raise GDecodeError(f"default model not found at {model_dir}: run `make model` or pass --model PATH")
         if max_context is not None and max_context < 2:
             raise GDecodeError(f"--max-context must be at least 2, got {max_context}")
+        if quantize is not None:
+            from engine.qweights import check_format, check_quantize
+
+            check_format(quantize)
         loaded = load_model(model_dir)
         self.cfg, self.tokenizer, weights = loaded.cfg, loaded.tokenizer, loaded.weights
         if quantize is not None:
-            from engine.qweights import check_quantize
-
             check_quantize(weights, quantize, str(model_dir))
-        elif loaded.gguf and backend == "numpy":
-            from engine.qweights import dequantized
-
-            weights = dequantized(weights)  # the values import-gguf writes
-        self.quantize = quantize
+        self.quantize, self.gguf = quantize, loaded.gguf
         self.backend = self._make_backend(backend, weights, max_context, use_graph, notice)
         self.stats = GenerationStats()
 
@@ -76,6 +74,10 @@ class LLM:
             notice("no CUDA GPU found: using the numpy backend")
         from engine.backend_numpy import NumpyBackend
 
+        if self.gguf:
+            from engine.qweights import dequantized
+
+            weights = dequantized(weights)  # the bf16 values import-gguf writes
         return NumpyBackend(self.cfg, weights, max_context=max_context, quantize=self.quantize)
 
     @property

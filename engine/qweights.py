@@ -78,10 +78,14 @@ def quantize_weights(weights: ModelWeights, qtype: str) -> ModelWeights:
     return _map(weights, q, (*MATRICES, "embed", "lm_head"))
 
 
-def check_quantize(weights: ModelWeights, qtype: str, source: str = "the model") -> None:
-    """GDecodeError unless weights are dense and every matrix can be cut into qtype's blocks."""
+def check_format(qtype: str) -> None:
     if qtype not in QUANTIZE_AT_LOAD:
         raise GDecodeError(f"--quantize {qtype}: unknown format (choose from {', '.join(QUANTIZE_AT_LOAD)})")
+
+
+def check_quantize(weights: ModelWeights, qtype: str, source: str = "the model") -> None:
+    """GDecodeError unless weights are dense and every matrix can be cut into qtype's blocks."""
+    check_format(qtype)
     if has_quantized(weights):
         types = sorted({t for a in arrays(weights) for t in qtypes(a)})
         raise GDecodeError(f"--quantize {qtype}: {source} is already quantized ({', '.join(types)}); "
@@ -112,3 +116,13 @@ def device_bytes(weights: ModelWeights) -> int:
         else:
             total += a.size * (2 if a.ndim == 2 else 4)
     return total
+
+
+def elements(weights: ModelWeights) -> int:
+    """Number of weights (a tied lm_head counted once)."""
+    return sum(a.rows * a.cols if is_quantized(a) else a.size for a in arrays(weights))
+
+
+def stored_bytes(weights: ModelWeights) -> int:
+    """Bytes of the weights as held on the host: blocks as stored, dense arrays in their dtype."""
+    return sum(a.nbytes for a in arrays(weights))
