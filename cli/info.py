@@ -35,10 +35,8 @@ def info(
         ("on the device", f"{_gb(device_bytes(w))} ({8 * device_bytes(w) / params:.2f} bits per weight)"),
         ("KV bytes per token", f"{cfg.kv_bytes_per_token(2):,} (bf16)"),
     ]
-    if m.gguf:
-        from engine.gguf_model import tensor_types
-
-        for name, (count, size) in tensor_types(model).items():
+    if m.tensor_types:
+        for name, (count, size) in m.tensor_types.items():
             rows.append((name, f"{count} tensor{'s' if count > 1 else ''}, {_gb(size)}"))
     for k, v in rows:
         typer.echo(f"{k:>20}: {v}")

@@ -128,16 +128,22 @@ def load_gguf(path: str | Path, tokenizer: bool = True) -> tuple[ModelConfig, Mo
     file's dtype. Q/K rows are put back in Hugging Face order (llama.cpp reorders them for llama).
     Every check runs before any weight is read; problems raise GDecodeError.
     """
+    cfg, weights, tok, _ = open_model(path, tokenizer)
+    return cfg, weights, tok
+
+
+def open_model(path: str | Path, tokenizer: bool = True):
+    """load_gguf's three results and the tensor plan (for tensor_types)."""
     path = Path(path)
     _, meta, cfg_dict, plan = gguf_plan(path)
     cfg = ModelConfig.from_dict(cfg_dict, source=str(path))
     tok = _tokenizer(meta, cfg_dict, cfg, str(path)) if tokenizer else None
-    return cfg, _weights(cfg, plan), tok
+    return cfg, _weights(cfg, plan), tok, plan
 
 
-def tensor_types(path: str | Path) -> dict[str, tuple[int, int]]:
-    """Tensor type name (Q4_K, F32, ...) -> (tensor count, bytes) over the tensors the model reads."""
-    _, _, _, plan = gguf_plan(path)
+def tensor_types(plan: list[Entry]) -> dict[str, tuple[int, int]]:
+    """Tensor type name (Q4_K, F32, ...) -> (tensor count, bytes) over the tensors the model reads,
+    largest first."""
     count, size = Counter(), Counter()
     for e in plan:
         name = e.tensor.tensor_type.name
