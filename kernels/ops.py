@@ -100,18 +100,22 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
                                 max_ctx], pdl=pdl)
 
 
+EMBED_BLOCK = 256
+FILL_BLOCK, FILL_BLOCKS_PER_SM = 256, 64
+
+
 def embed(table, state, x, vocab: int, hidden: int, pdl: bool = False) -> Launch:
     """x [hidden] f32 = table[state.token] (clamped into the vocabulary); table [vocab, hidden] bf16."""
     threads = hidden // 8  # 8 bf16 (16 bytes) per thread
-    block = min(256, threads)
-    return module("embed", H=hidden).function("embed", "PPPi").prepare(
+    block = min(EMBED_BLOCK, threads)
+    return module("embed", HIDDEN=hidden).function("embed", "PPPi").prepare(
         math.ceil(threads / block), block, [table, state, x, vocab], pdl=pdl)
 
 
 def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: int, kv_heads: int, hd: int,
                 max_ctx: int, eps: float, warps: int = Tuning.rope_warps, pdl: bool = False) -> Launch:
     """q/k RMSNorm (when q_norm is given), RoPE at the state's position, and the K/V append; one warp per head."""
-    mod = module("rope", HD=hd, QK_NORM=int(q_norm is not None), WARPS=warps)
+    mod = module("rope", HEAD_DIM=hd, QK_NORM=int(q_norm is not None), WARPS=warps)
     return mod.function("rope_append", "PPPPPPPPiiif").prepare(
         math.ceil((nh + kv_heads) / warps), warps * 32,
         [qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, nh, kv_heads, max_ctx, eps], pdl=pdl)
@@ -126,8 +130,9 @@ def sample(logits, amax, state, prompt, ring, scratch_z, scratch_i, *, vocab: in
 
 def _fill(name: str, out, seed: int, scale: float, offset: float, stream=None):
     n = out.size
-    grid = max(1, min(math.ceil(n / 256), 64 * sm_count()))
-    module("fill", NONE=0).function(name, "PqQff").launch(grid, 256, [out, n, seed % 2**64, scale, offset],
+    # a grid-stride loop: one element per thread, the grid capped at FILL_BLOCKS_PER_SM waves' worth
+    grid = max(1, min(math.ceil(n / FILL_BLOCK), FILL_BLOCKS_PER_SM * sm_count()))
+    module("fill", NONE=0).function(name, "PqQff").launch(grid, FILL_BLOCK, [out, n, seed % 2**64, scale, offset],
                                                            stream=stream)
 
 
