@@ -6,19 +6,11 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError
-from engine.gguf_import import (
-    Entry,
-    build_config,
-    open_gguf,
-    plan_tensors,
-    read_metadata,
-    unpermute,
-)
+from engine.gguf_file import GGUFFile, read_gguf
+from engine.gguf_import import Entry, build_config, plan_tensors, unpermute
 from engine.gguf_tokenizer import build_tokenizer, check_tokenizer, tokenizer_config
 from engine.quant import BY_GGML, DENSE, QuantMatrix, dequantize, permute_rows
 from engine.qweights import dequantized, fuse
@@ -39,34 +31,16 @@ def is_gguf(path: str | Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
-def _reader(path: Path) -> GGUFReader:
-    try:
-        return open_gguf(path)
-    except GDecodeError:
-        # the reader refuses a quantized row that is not whole blocks with a ValueError: say which
-        try:
-            GGUFReader(path)
-        except ValueError as e:
-            if "block size" in str(e) or "type size" in str(e):
-                raise GDecodeError(f"{path}: tensor data does not match its shape ({e})") from None
-        except Exception:
-            pass
-        raise
-
-
-def gguf_plan(path: str | Path) -> tuple[GGUFReader, dict, dict, list[Entry]]:
-    """Reader, metadata, config.json dict and the validated tensor plan; raises GDecodeError on any
+def gguf_plan(path: str | Path) -> tuple[GGUFFile, dict, list[Entry]]:
+    """The parsed file, its config.json dict and the validated tensor plan; raises GDecodeError on any
     problem (missing, truncated, unsupported architecture, tokenizer or tensor type, wrong shape)
     before a single weight is read."""
-    path = Path(path)
+    f = read_gguf(path)
     source = str(path)
-    reader = _reader(path)
-    meta = read_metadata(reader)
-    tensors = {t.name: t for t in reader.tensors}
-    cfg = build_config(meta, tensors, source)
-    plan = plan_tensors(cfg, tensors, source)
-    check_tokenizer(meta, source)
-    return reader, meta, cfg, plan
+    cfg = build_config(f.meta, f.tensors, source)
+    plan = plan_tensors(cfg, f.tensors, source)
+    check_tokenizer(f.meta, source)
+    return f, cfg, plan
 
 
 def _tokenizer(meta: dict, cfg: dict, model: ModelConfig, source: str) -> Tokenizer:
@@ -135,9 +109,9 @@ def load_gguf(path: str | Path, tokenizer: bool = True) -> tuple[ModelConfig, Mo
 def open_model(path: str | Path, tokenizer: bool = True):
     """load_gguf's three results and the tensor plan (for tensor_types)."""
     path = Path(path)
-    _, meta, cfg_dict, plan = gguf_plan(path)
+    f, cfg_dict, plan = gguf_plan(path)
     cfg = ModelConfig.from_dict(cfg_dict, source=str(path))
-    tok = _tokenizer(meta, cfg_dict, cfg, str(path)) if tokenizer else None
+    tok = _tokenizer(f.meta, cfg_dict, cfg, str(path)) if tokenizer else None
     return cfg, _weights(cfg, plan), tok, plan
 
 

@@ -23,7 +23,7 @@ class LoadedModel:
 def load_config(path: str | Path) -> ModelConfig:
     """The model's config alone (no weights read)."""
     if is_gguf(path):
-        _, _, cfg, _ = gguf_plan(path)
+        _, cfg, _ = gguf_plan(path)
         return ModelConfig.from_dict(cfg, source=str(path))
     return ModelConfig.from_dir(path)
 

@@ -221,7 +221,7 @@ def test_block_count_not_matching_shape(hf, tmp_path):
     at = _retype(data, b"blk.0.ffn_up.weight", GT.Q8_0, GT.Q8_0)
     data[at : at + 8] = (256 + 16).to_bytes(8, "little")  # a row of 272 values is not whole 32-blocks
     path.write_bytes(bytes(data))
-    assert_one_line_error(gdecode("info", "-m", path), str(path), "block size")
+    assert_one_line_error(gdecode("info", "-m", path), str(path), "blk.0.ffn_up.weight", "not whole Q8_0 blocks")
 
 
 def test_unsupported_architecture(hf, tmp_path):
