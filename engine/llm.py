@@ -49,9 +49,14 @@ class LLM:
         if max_context is not None and max_context < 2:
             raise GDecodeError(f"--max-context must be at least 2, got {max_context}")
         if quantize is not None:
+            from engine.loader import stored_quantization
             from engine.qweights import check_format, check_quantize
 
             check_format(quantize)
+            already = stored_quantization(model_dir)
+            if already:
+                raise GDecodeError(f"--quantize {quantize}: {model_dir} is already quantized ({already}); "
+                                   "--quantize applies to bf16, fp16 and fp32 models")
         loaded = load_model(model_dir)
         self.cfg, self.tokenizer, weights = loaded.cfg, loaded.tokenizer, loaded.weights
         if quantize is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from engine.config import ModelConfig
 from engine.gguf_model import gguf_plan, is_gguf, open_model, tensor_types
 from engine.tokenizer import Tokenizer
 from engine.weights import ModelWeights, load_weights
+
+DENSE_NAMES = ("F32", "F16", "BF16")
 
 
 @dataclass
@@ -26,6 +29,20 @@ def load_config(path: str | Path) -> ModelConfig:
         _, cfg, _ = gguf_plan(path)
         return ModelConfig.from_dict(cfg, source=str(path))
     return ModelConfig.from_dir(path)
+
+
+def stored_quantization(path: str | Path) -> str | None:
+    """How the checkpoint at path is already quantized (GGUF block types, or a Hugging Face
+    quantization_config's method), or None for a dense model. Reads no weights."""
+    if is_gguf(path):
+        _, _, plan = gguf_plan(path)
+        kinds = sorted({e.tensor.tensor_type.name for e in plan if e.tensor.tensor_type.name not in DENSE_NAMES})
+        return ", ".join(kinds) or None
+    try:
+        q = json.loads((Path(path) / "config.json").read_text()).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        return None  # loading reports it
+    return str(q.get("quant_method", "quantized")) if isinstance(q, dict) else None
 
 
 def load_model(path: str | Path, tokenizer: bool = True) -> LoadedModel:

@@ -178,7 +178,26 @@ def test_cli_info_lists_tensor_types(q4km):
 
 def test_cli_quantize_refuses_a_quantized_model(q4km):
     assert_one_line_error(gdecode("generate", "hi", "-m", q4km, "--backend", "numpy", "--quantize", "q8_0"),
-                          "already quantized", "q4_k")
+                          "already quantized", "Q4_K, Q6_K")
+
+
+def test_cli_quantize_refuses_a_quantization_config(hf, tmp_path):
+    import json
+    import shutil
+
+    d = shutil.copytree(hf, tmp_path / "gptq")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "gptq", "bits": 4}}))
+    assert_one_line_error(gdecode("generate", "hi", "-m", d, "--backend", "numpy", "--quantize", "q4_0"),
+                          "already quantized (gptq)")
+
+
+def test_cli_quantize_a_dense_gguf_like_its_import(hf, tmp_path):
+    path = write_gguf(hf, tmp_path / "f16.gguf", {k: "f16" for k in q4_k_m_mix(LAYERS)})
+    out = tmp_path / "imported"
+    assert gdecode("import-gguf", path, out, "--no-progress").returncode == 0
+    args = ("generate", "The quick brown", "-n", "8", "--temperature", "0", "--backend", "numpy", "--quantize", "q4_0")
+    assert _tokens_out(gdecode(*args, "-m", path)) == _tokens_out(gdecode(*args, "-m", out))
 
 
 def test_cli_quantize_unknown_format(hf):
