@@ -9,8 +9,8 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.config import ModelConfig
-from engine.gguf_file import GGUFFile, read_gguf
 from engine.gguf_import import Entry, build_config, plan_tensors, unpermute
+from engine.gguf_mmap import GGUFFile, read_gguf
 from engine.gguf_tokenizer import build_tokenizer, check_tokenizer, tokenizer_config
 from engine.quant import BY_GGML, DENSE, QuantMatrix, dequantize, permute_rows
 from engine.qweights import dequantized, fuse

@@ -9,8 +9,8 @@ pytest.importorskip("gguf")
 from gguf import GGUFReader
 
 from engine.errors import GDecodeError
-from engine.gguf_file import read_gguf
 from engine.gguf_import import read_metadata
+from engine.gguf_mmap import read_gguf
 from tests.gguf_files import every_format_mix, write_gguf
 from tests.tiny import make_tiny_model
 
