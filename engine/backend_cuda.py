@@ -21,14 +21,17 @@ IN_FLIGHT = 8  # replays queued ahead of the token being read
 class CudaBackend:
     """Decode on the GPU: weights, KV cache and the captured step are built once, here.
 
-    weights None: random weights made on the device (benchmarks). tuning: launch shapes; its
+    weights None: random weights made on the device (benchmarks), bf16 or in the ggml types of the
+    random_quant preset. quantize ("q8_0" / "q4_0"): dense matrices quantized on the device at load
+    (block-format matrices of a GGUF stay as they are). tuning: launch shapes; its
     splits, when None, become default_splits (self.tuning holds the value in use).
     """
 
     name = "cuda"
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights | None, max_context: int | None = None,
-                 tuning: Tuning = Tuning(), use_graph: bool = True, pdl: bool = True, seed: int = 0):
+                 tuning: Tuning = Tuning(), use_graph: bool = True, pdl: bool = True, seed: int = 0,
+                 quantize: str | None = None, random_quant: str = "bf16"):
         import cupy as cp
 
         from graphs.buffers import DecodeBuffers, DeviceWeights, fit_context
@@ -41,9 +44,9 @@ class CudaBackend:
         self.stream = stream = shared_stream()
         with stream:
             if weights is None:
-                self.weights = DeviceWeights.random(cfg, seed)
+                self.weights = DeviceWeights.random(cfg, seed, random_quant)
             else:
-                self.weights = DeviceWeights.upload(cfg, weights)
+                self.weights = DeviceWeights.upload(cfg, weights, quantize)
             stream.synchronize()
             cp.get_default_memory_pool().free_all_blocks()
             free = cp.cuda.runtime.memGetInfo()[0]

@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.shapes import decode_bytes
 from graphs.decode import Launches
 from kernels.numerics import active_splits
 
@@ -79,8 +78,13 @@ def set_position(backend, depth: int, prompt_tokens: int = 1) -> None:
     backend.stream.synchronize()
 
 
+def step_bytes(backend, n_cached: int) -> int:
+    """Bytes one decode step reads: the weights as stored on the device (block formats at their own
+    size), the embedding's one row, and n_cached bf16 K/V rows."""
+    return backend.weights.step_bytes() + n_cached * backend.cfg.kv_bytes_per_token(2)
+
+
 def bench_tg(backend, depth: int, repeats: int, graph: bool, copy_gbs: float) -> Result:
-    cfg: ModelConfig = backend.cfg
     run = backend.step if graph else backend.step.eager
     timer = Timer(backend.stream)
 
@@ -95,7 +99,7 @@ def bench_tg(backend, depth: int, repeats: int, graph: bool, copy_gbs: float) ->
         set_position(backend, depth)
         times.append(timer(lambda: tokens(TG_TOKENS)))
     ms = statistics.median(times) / TG_TOKENS
-    nbytes = decode_bytes(cfg, depth + TG_TOKENS // 2 + 1)
+    nbytes = step_bytes(backend, depth + TG_TOKENS // 2 + 1)
     gbs = nbytes / (ms * 1e-3) / 1e9
     name = f"tg{TG_TOKENS}" + (f"@{depth}" if depth else "")
     return Result(name, "graph" if graph else "eager", backend.attn_splits, 1e3 / ms, ms, gbs,
@@ -179,6 +183,10 @@ def breakdown(backend, depth: int, repeats: int = 5) -> list[dict]:
         for kind, t in totals.items():
             per_kind.setdefault(kind, []).append(t)
     nbytes = kind_bytes(cfg, depth + 1, backend.attn_splits, backend.tuning.attn.min_chunk)
+    w = backend.weights  # the projections read their matrices as stored (block formats at their size)
+    for kind, field in (("qkv_proj", "wqkv"), ("o_proj", "wo"), ("gate_up", "w_gate_up"), ("down_proj", "w_down")):
+        nbytes[kind] = sum(int(getattr(lw, field).nbytes) for lw in w.layers)
+    nbytes["lm_head"] = int(w.lm_head.nbytes) + 4 * cfg.vocab_size
     count = {k: kinds.count(k) for k in set(kinds)}
     rows = []
     for kind, ts in per_kind.items():

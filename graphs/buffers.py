@@ -36,30 +36,50 @@ def to_bf16_bits(a: np.ndarray) -> np.ndarray:
 
 @dataclass
 class DeviceLayer:
+    """One layer's weights: each matrix a bf16 array (uint16 bits), a QuantWeight or a StackedWeight."""
+
     attn_norm: object  # [H] f32
-    wqkv: object  # [q_size + 2 kv_size, H] bf16 bits
+    wqkv: object  # [q_size + 2 kv_size, H]
     bqkv: object | None  # [q_size + 2 kv_size] f32
-    wo: object  # [H, q_size] bf16
+    wo: object  # [H, q_size]
     q_norm: object | None  # [hd] f32
     k_norm: object | None
     mlp_norm: object  # [H] f32
-    w_gate_up: object  # [2 I, H] bf16
-    w_down: object  # [H, I] bf16
+    w_gate_up: object  # [2 I, H]
+    w_down: object  # [H, I]
+    bo: object | None = None  # [H] f32, the o_proj bias
+
+
+def _is_blocks(a) -> bool:
+    # engine.quant's QuantMatrix / QuantStack, by shape of the object (graphs does not import engine.quant)
+    return hasattr(a, "qtype") or hasattr(a, "parts")
 
 
 class DeviceWeights:
-    """bf16 matrices and f32 vectors on the device (CuPy arrays); lm_head is embed when tied."""
+    """Matrices (bf16, or ggml blocks repacked: graphs/quant_weights.py) and f32 vectors on the device;
+    lm_head is embed when tied."""
 
     def __init__(self, embed, layers: list[DeviceLayer], final_norm, lm_head):
         self.embed, self.layers, self.final_norm, self.lm_head = embed, layers, final_norm, lm_head
 
     @classmethod
-    def upload(cls, cfg: ModelConfig, w: ModelWeights) -> DeviceWeights:
-        """Copy host weights to the device, matrices as bf16 and vectors as f32."""
+    def upload(cls, cfg: ModelConfig, w: ModelWeights, quantize: str | None = None) -> DeviceWeights:
+        """Copy host weights to the device: block-quantized matrices in their own format (repacked),
+        dense ones as bf16, or with quantize ("q8_0" / "q4_0") quantized on the device from their bf16
+        values; vectors as f32."""
         import cupy as cp
 
+        from graphs.quant_weights import quantize_on_device, upload_quant
+
         def mat(a):
-            return cp.asarray(to_bf16_bits(a))
+            if _is_blocks(a):
+                return upload_quant(a)
+            bits = cp.asarray(to_bf16_bits(a))
+            if quantize is None:
+                return bits
+            q = quantize_on_device(bits, quantize)
+            del bits
+            return q
 
         def vec(a):
             return None if a is None else cp.asarray(np.asarray(a, dtype=np.float32))
@@ -68,25 +88,51 @@ class DeviceWeights:
         tied = w.lm_head is w.embed or cfg.tie_word_embeddings
         layers = [
             DeviceLayer(vec(lw.attn_norm), mat(lw.wqkv), vec(lw.bqkv), mat(lw.wo), vec(lw.q_norm),
-                        vec(lw.k_norm), vec(lw.mlp_norm), mat(lw.w_gate_up), mat(lw.w_down))
+                        vec(lw.k_norm), vec(lw.mlp_norm), mat(lw.w_gate_up), mat(lw.w_down),
+                        vec(getattr(lw, "bo", None)))
             for lw in w.layers
         ]
         return cls(embed, layers, vec(w.final_norm), embed if tied else mat(w.lm_head))
 
     @classmethod
-    def random(cls, cfg: ModelConfig, seed: int = 0) -> DeviceWeights:
-        """Random weights made on the device for cfg's shapes (benchmarks; no host copy)."""
+    def random(cls, cfg: ModelConfig, seed: int = 0, quant: str = "bf16") -> DeviceWeights:
+        """Random weights made on the device for cfg's shapes (benchmarks; no host copy): bf16, or the
+        ggml types llama-quantize gives each tensor for a preset (graphs/quant_weights.py: PRESETS)."""
         import cupy as cp
 
+        from graphs.quant_weights import PRESETS, StackedWeight, preset_type, random_quant
         from kernels import ops
 
+        if quant != "bf16" and quant not in PRESETS:
+            raise GDecodeError(f"unknown quantization {quant!r} (choose from bf16, {', '.join(PRESETS)})")
         counter = [seed * 1000003]
+        L = cfg.num_layers
 
-        def mat(rows, cols):
-            a = cp.empty((rows, cols), cp.uint16)
+        def mat(rows, cols, tensor="", layer=0):
             counter[0] += 1
+            if quant != "bf16":
+                return random_quant(preset_type(quant, tensor, layer, L, cols), rows, cols, counter[0])
+            a = cp.empty((rows, cols), cp.uint16)
             ops.fill_bf16(a, counter[0], cols**-0.5, 0.0)
             return a
+
+        def stack(parts, cols, layer):
+            mats = [mat(rows, cols, tensor, layer) for tensor, rows in parts]
+            if quant == "bf16":
+                return cp.concatenate(mats)
+            runs, offsets = [], [0]
+            for m in mats:
+                if runs and runs[-1].fmt == m.fmt:
+                    runs[-1] = type(m)(m.fmt, runs[-1].rows + m.rows, cols, cp.concatenate([runs[-1].data, m.data]))
+                else:
+                    runs.append(m)
+                offsets.append(offsets[-1] + m.rows)
+            if len(runs) == 1:
+                return runs[0]
+            starts = [0]
+            for r in runs:
+                starts.append(starts[-1] + r.rows)
+            return StackedWeight(tuple(runs), tuple(starts))
 
         def vec(n, scale=0.1, offset=1.0):
             a = cp.empty(n, cp.float32)
@@ -94,23 +140,43 @@ class DeviceWeights:
             ops.fill_f32(a, counter[0], scale, offset)
             return a
 
-        h, hd = cfg.hidden_size, cfg.head_dim
+        h, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         n_qkv = cfg.q_size + 2 * cfg.kv_size
-        embed = mat(cfg.vocab_size, h)
+        tied = cfg.tie_word_embeddings
+        embed = mat(cfg.vocab_size, h, "output" if tied else "token_embd")
         layers = [
-            DeviceLayer(vec(h), mat(n_qkv, h), vec(n_qkv, 0.1, 0.0) if cfg.attention_bias else None,
-                        mat(h, cfg.q_size), vec(hd) if cfg.qk_norm else None, vec(hd) if cfg.qk_norm else None,
-                        vec(h), mat(2 * cfg.intermediate_size, h), mat(h, cfg.intermediate_size))
-            for _ in range(cfg.num_layers)
+            DeviceLayer(vec(h),
+                        stack([("attn_q", cfg.q_size), ("attn_k", cfg.kv_size), ("attn_v", cfg.kv_size)], h, i),
+                        vec(n_qkv, 0.1, 0.0) if cfg.attention_bias else None,
+                        mat(h, cfg.q_size, "attn_output", i), vec(hd) if cfg.qk_norm else None,
+                        vec(hd) if cfg.qk_norm else None, vec(h),
+                        stack([("ffn_gate", inter), ("ffn_up", inter)], h, i), mat(h, inter, "ffn_down", i))
+            for i in range(L)
         ]
-        lm_head = embed if cfg.tie_word_embeddings else mat(cfg.vocab_size, h)
+        lm_head = embed if tied else mat(cfg.vocab_size, h, "output")
         return cls(embed, layers, vec(h), lm_head)
 
-    def nbytes(self) -> int:
-        arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+    def arrays(self) -> list:
+        """Every device weight once (a tied lm_head is the embedding)."""
+        out = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for lw in self.layers:
-            arrays += [a for a in vars(lw).values() if a is not None]
-        return sum(a.nbytes for a in arrays)
+            out += [a for a in vars(lw).values() if a is not None]
+        return out
+
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays())
+
+    def step_bytes(self) -> int:
+        """Weight bytes one decode step reads: everything but the embedding table, of which it reads
+        one row (the whole table again when it is the lm_head)."""
+        total = self.nbytes() - int(self.embed.nbytes)
+        if self.lm_head is self.embed:
+            total += int(self.embed.nbytes)
+        return total + int(self.embed.nbytes) // max(1, self.embed_rows())
+
+    def embed_rows(self) -> int:
+        e = self.embed
+        return e.rows if hasattr(e, "rows") else e.shape[0]
 
 
 def kv_bytes_per_position(cfg: ModelConfig) -> int:

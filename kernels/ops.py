@@ -8,11 +8,6 @@ import math
 from kernels.launch import Launch, Module
 from kernels.tuning import Tuning
 
-EPI_STORE, EPI_ADD, EPI_SILU = 0, 1, 2
-GEMV_WARPS = 4
-GEMV_MINB = 4  # blocks per SM the register cap allows: 16 warps
-GEMV_ROWS = 4
-GEMV_WAVES = 1  # grid of GEMV_WAVES blocks per resident slot, rows striding over it; 0: a block per row group
 SAMPLE_BLOCK = 1024
 SAMPLE_CAP = 4096
 
@@ -28,76 +23,6 @@ def sm_count() -> int:
     from kernels.cuda import device_attribute
 
     return device_attribute("MULTIPROCESSOR_COUNT")
-
-
-def gemv_splitk(n_out: int, k: int, rows: int = 1) -> int:
-    """Warps per output row: enough warps to keep every SM streaming, each with >= 4 loads per row."""
-    target = 48 * sm_count()
-    s = 1
-    while s < GEMV_WARPS and n_out * s < target and k // (8 * 32 * 2 * s) >= 4:
-        s *= 2
-    return s
-
-
-def gemv_rows(n_out: int, k: int, epi: int, splitk: int) -> int:
-    """Rows per warp: GEMV_ROWS for many short rows (a small model's lm_head), else 1."""
-    short_rows = epi == EPI_STORE and splitk == 1 and k <= 1024
-    return GEMV_ROWS if short_rows and n_out >= 8 * 48 * sm_count() else 1
-
-
-def gemv_grid(groups: int, minb: int, blocks: int | None = None) -> int:
-    """Blocks for `groups` blocks' worth of rows: at most `blocks` (default GEMV_WAVES per resident
-    slot); rows stride over the grid."""
-    if blocks is None:
-        if not GEMV_WAVES:
-            return groups
-        blocks = GEMV_WAVES * minb * sm_count()
-    return max(1, min(groups, blocks))
-
-
-def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: int = EPI_STORE, eps: float = 0.0,
-         amax=None, splitk: int | None = None, minb: int | None = None, rows: int | None = None,
-         blocks: int | None = None, pair: bool = False, pdl: bool = False) -> Launch:
-    """y[n_out] (=, += or silu-gated) W x with W [rows, k] bf16; gamma fuses the RMSNorm of x.
-
-    amax (a uint64 device word, EPI_STORE only) also receives the packed argmax of y.
-    rows > 1 (EPI_STORE, splitk 1) gives each warp that many consecutive rows.
-    blocks caps the grid (rows stride over it; rows == 1 only).
-    pair (EPI_STORE or EPI_ADD, rows == 1, n_out even; else ignored): each warp streams rows r and
-    r + n_out / 2 at once, so each x load serves two weights (worth it for a large lm_head).
-    """
-    if rows is None:
-        rows = gemv_rows(n_out, k, epi, splitk or gemv_splitk(n_out, k))
-    pair = pair and rows == 1 and epi != EPI_SILU and n_out % 2 == 0
-    if splitk is None:
-        splitk = gemv_splitk(n_out // 2 if pair else n_out, k)
-    minb = minb or GEMV_MINB
-    mod = module("gemv", K=k, EPI=epi, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
-                 MINB=minb, ARGMAX=int(amax is not None), WARPS=GEMV_WARPS, NR=rows, PAIR=int(pair))
-    grid = math.ceil(n_out // (2 if pair else 1) / (GEMV_WARPS // splitk * rows))
-    if rows == 1:
-        grid = gemv_grid(grid, minb, blocks)
-    return mod.function("gemv", "PPPPPifP").prepare(grid, GEMV_WARPS * 32,
-                                                     [w, x, gamma, bias, y, n_out, eps, amax], pdl=pdl)
-
-
-def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
-              max_ctx: int, eps: float, splitk: int | None = None, blocks: int | None = None,
-              pdl: bool = False) -> Launch:
-    """The QKV projection with RoPE and the K/V append fused into its epilogue (no per-head norm).
-
-    y [(nh + 2 nkv) hd] gets q and k rotated at the state's position and v; k and v also go to the
-    cache row min(pos, max_ctx - 1) as bf16.
-    """
-    n_pairs = (nh + 2 * nkv) * hd // 2
-    if splitk is None:
-        splitk = gemv_splitk(n_pairs, k)
-    mod = module("gemv", K=k, EPI=3, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
-                 MINB=GEMV_MINB, HD=hd, WARPS=GEMV_WARPS)
-    grid = gemv_grid(math.ceil(n_pairs / (GEMV_WARPS // splitk)), GEMV_MINB, blocks)
-    return mod.function("gemv_rope", "PPPPPifPPPPPiii").prepare(
-        grid, GEMV_WARPS * 32, [w, x, gamma, bias, y, n_pairs, eps, state, cos, sin, k_cache, v_cache, nh, nkv,
-                                max_ctx], pdl=pdl)
 
 
 EMBED_BLOCK = 256
@@ -126,6 +51,19 @@ def sample(logits, amax, state, prompt, ring, scratch_z, scratch_i, *, vocab: in
     mod = module("sample", BLOCK=SAMPLE_BLOCK, CAP=SAMPLE_CAP)
     return mod.function("sample", "PPPPPPPii").prepare(
         1, SAMPLE_BLOCK, [logits, amax, state, prompt, ring, scratch_z, scratch_i, vocab, max_ctx], pdl=pdl)
+
+
+_GEMV_NAMES = ("gemv", "gemv_rope", "Epilogue", "EPI_STORE", "EPI_ADD", "EPI_SILU", "EPI_GATE", "QuantWeight",
+               "GEMV_WARPS")
+
+
+def __getattr__(name):
+    # the GEMV builders live in kernels/gemv_ops.py (which imports this module: resolved lazily)
+    if name in _GEMV_NAMES:
+        from kernels import gemv_ops
+
+        return getattr(gemv_ops, name)
+    raise AttributeError(f"module 'kernels.ops' has no attribute {name!r}")
 
 
 def _fill(name: str, out, seed: int, scale: float, offset: float, stream=None):
