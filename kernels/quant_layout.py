@@ -175,9 +175,10 @@ def _pack_q(fmt: Format, q, rows: int, ch: int, xp):
         return q.reshape(rows, ch, 16)
     if fmt.bits == 4:
         v = q.reshape(rows, ch, 4, 2, 4)  # word i, half t, byte b: weight 8 i + 4 t + b
-        return (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).reshape(rows, ch, 16)
+        return (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).astype(xp.uint8).reshape(rows, ch, 16)
     v = q.reshape(rows, ch, 4, 4, 4)  # word i, shift s, byte b: weight 16 i + 4 s + b
-    return (v[:, :, :, 0] | (v[:, :, :, 1] << 2) | (v[:, :, :, 2] << 4) | (v[:, :, :, 3] << 6)).reshape(rows, ch, 16)
+    packed = v[:, :, :, 0] | (v[:, :, :, 1] << 2) | (v[:, :, :, 2] << 4) | (v[:, :, :, 3] << 6)
+    return packed.astype(xp.uint8).reshape(rows, ch, 16)
 
 
 def _unpack_q(fmt: Format, qp, rows: int, ch: int, xp):
@@ -205,7 +206,7 @@ def _pack_h(fmt: Format, h, rows: int, ch: int, xp):
     v = h.reshape(rows, ch, 4, per_word, 4)
     out = xp.zeros((rows, ch, fmt.h_bytes // 4, 4), xp.uint8)
     for i, t, word, shift in slots:
-        out[:, :, word] |= (v[:, :, i, t] & mask) << shift
+        out[:, :, word] |= ((v[:, :, i, t] & mask) << shift).astype(xp.uint8)
     return out.reshape(rows, ch, fmt.h_bytes)
 
 
@@ -214,7 +215,7 @@ def _unpack_h(fmt: Format, hp, rows: int, ch: int, xp):
     v = hp.reshape(rows, ch, fmt.h_bytes // 4, 4)
     out = xp.zeros((rows, ch, 4, per_word, 4), xp.uint8)
     for i, t, word, shift in slots:
-        out[:, :, i, t] = (v[:, :, word] >> shift) & mask
+        out[:, :, i, t] = ((v[:, :, word] >> shift) & mask).astype(xp.uint8)
     return out.reshape(rows, ch * fmt.chunk)
 
 

@@ -14,8 +14,10 @@ import pytest
 from engine.reference import combine_splits, split_kv_partials
 from engine.sampling import SamplingParams, sample
 from graphs.buffers import STATE_DTYPE
+from kernels.gemv_ops import EPI_ADD, EPI_GATE, EPI_SILU, EPI_STORE
 from kernels.numerics import active_splits, rope_tables
-from kernels.tuning import AttnTuning
+from kernels.tuning import AttnTuning, GemvTuning
+from tests.gemv_check import GemvCase, check
 
 pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
@@ -76,63 +78,44 @@ def rms(x, g, eps):
 
 
 GEMV_CASES = [  # n_out, k, epi, norm, bias, splitk
-    (576, 576, 0, True, False, None),
-    (896, 896, 0, True, True, None),
-    (1152, 896, 0, True, True, 2),
-    (896, 4864, 1, False, False, None),
-    (4864, 896, 2, True, False, None),
-    (4096, 4096, 1, False, False, 4),
-    (4096, 14336, 1, False, False, None),
-    (14336, 4096, 2, True, False, 1),
-    (320, 64, 0, True, False, None),
-    (96, 64, 2, True, False, None),
-    (64, 96, 1, False, False, None),
-    (1000, 72, 0, False, True, 1),
+    (576, 576, EPI_STORE, True, False, None),
+    (896, 896, EPI_STORE, True, True, None),
+    (1152, 896, EPI_STORE, True, True, 2),
+    (896, 4864, EPI_ADD, False, True, None),
+    (4864, 896, EPI_SILU, True, True, None),
+    (4096, 4096, EPI_ADD, False, False, 4),
+    (4096, 14336, EPI_ADD, False, True, None),
+    (14336, 4096, EPI_SILU, True, False, 1),
+    (320, 64, EPI_STORE, True, False, None),
+    (96, 64, EPI_SILU, True, True, None),
+    (64, 96, EPI_ADD, False, False, None),
+    (1000, 72, EPI_STORE, False, True, 1),
+    (1001, 896, EPI_GATE, True, True, None),
+    (77, 4096, EPI_GATE, True, False, 2),
 ]
 
 
-# pair: rows r and r + n_out / 2 per warp, for the store and add epilogues with an even n_out
-GEMV_PAIRED = [c + (False,) for c in GEMV_CASES] + [c + (True,) for c in GEMV_CASES if c[2] != 2 and c[0] % 2 == 0]
+# pair: two consecutive rows per warp (each x load serves both), for the store and add epilogues
+GEMV_PAIRED = [c + (False,) for c in GEMV_CASES] + [c + (True,) for c in GEMV_CASES if c[2] in (EPI_STORE, EPI_ADD)]
 
 
 @pytest.mark.parametrize("blocks", [None, 3])
 @pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("n_out,k,epi,norm,bias,splitk,pair", GEMV_PAIRED)
-def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, pair, warps, minb, blocks, monkeypatch):
+def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, pair, warps, minb, blocks):
     from kernels import ops
 
-    monkeypatch.setattr(ops, "GEMV_WARPS", warps)
-    monkeypatch.setattr(ops, "GEMV_MINB", minb)
     if splitk is not None and splitk > warps:
         pytest.skip("more warps per row than per block")
-
-    rows = 2 * n_out if epi == ops.EPI_SILU else n_out
+    rows = 2 * n_out if epi == EPI_SILU else n_out
     wb, wf = bf16(rng.standard_normal((rows, k)) / math.sqrt(k))
-    x = rng.standard_normal(k).astype(np.float32) * 3
-    g = (0.5 + rng.random(k)).astype(np.float32)
-    b = rng.standard_normal(n_out).astype(np.float32)
-    y0 = rng.standard_normal(n_out).astype(np.float32)
-    eps = 1e-5
-    xin = rms(x, g, eps) if norm else x.astype(np.float64)
-    full = wf.astype(np.float64) @ xin
-    if epi == ops.EPI_STORE:
-        ref = full + (b if bias else 0)
-    elif epi == ops.EPI_ADD:
-        ref = y0 + full
-    else:
-        gate, up = full[:n_out], full[n_out:]
-        ref = gate / (1 + np.exp(-gate)) * up
-    y = cp.asarray(y0) if epi == ops.EPI_ADD else cp.full(n_out, np.nan, cp.float32)
-    amax = cp.zeros(1, cp.uint64) if epi == ops.EPI_STORE else None
-    launch = ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
-                      bias=cp.asarray(b) if bias else None, epi=epi, eps=eps, amax=amax, splitk=splitk,
-                      blocks=blocks, pair=pair)  # 3 blocks: each strides over many rows
-    run(cp, launch)
-    if amax is not None:
-        assert amax.get()[0] == amax_of(y.get())[0]
-    err = rel(y.get(), ref)
-    print(f"gemv {n_out}x{k} epi={epi} norm={norm}: rel err {err:.2e}")
-    assert err < FP32_TOL
+    case = GemvCase(rng, wf, n_out, epi, norm, bias)
+    w = cp.asarray(wb)
+    tuning = GemvTuning(warps=warps, min_blocks=minb)
+    err = check(cp, case, lambda x, g, b, y, amax: ops.gemv(w, x, y, n_out, k, gamma=g, bias=b, epi=epi, eps=case.eps,
+                                                             amax=amax, splitk=splitk, blocks=blocks, pair=pair,
+                                                             tuning=tuning), FP32_TOL)  # 3 blocks: many rows each
+    print(f"gemv {n_out}x{k} epi={epi.name} norm={norm}: rel err {err:.2e}")
 
 
 ROWS_CASES = [(1001, 896, True, True), (4099, 576, True, False), (50001, 64, False, True), (151936, 896, True, False),
@@ -141,23 +124,15 @@ ROWS_CASES = [(1001, 896, True, True), (4099, 576, True, False), (50001, 64, Fal
 
 @pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("n_out,k,norm,bias", ROWS_CASES)
-def test_gemv_rows_per_warp(cp, rng, n_out, k, norm, bias, warps, minb, monkeypatch):
+def test_gemv_rows_per_warp(cp, rng, n_out, k, norm, bias, warps, minb):
     from kernels import ops
 
-    monkeypatch.setattr(ops, "GEMV_WARPS", warps)
-    monkeypatch.setattr(ops, "GEMV_MINB", minb)
     wb, wf = bf16(rng.standard_normal((n_out, k)) / math.sqrt(k))
-    x = rng.standard_normal(k).astype(np.float32) * 3
-    g = (0.5 + rng.random(k)).astype(np.float32)
-    b = rng.standard_normal(n_out).astype(np.float32)
-    eps = 1e-5
-    ref = wf.astype(np.float64) @ (rms(x, g, eps) if norm else x.astype(np.float64)) + (b if bias else 0)
-    y = cp.full(n_out, np.nan, cp.float32)
-    amax = cp.zeros(1, cp.uint64)
-    run(cp, ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
-                     bias=cp.asarray(b) if bias else None, eps=eps, amax=amax, splitk=1, rows=4))
-    assert amax.get()[0] == amax_of(y.get())[0]
-    assert rel(y.get(), ref) < FP32_TOL
+    case = GemvCase(rng, wf, n_out, EPI_STORE, norm, bias)
+    w = cp.asarray(wb)
+    tuning = GemvTuning(warps=warps, min_blocks=minb)
+    check(cp, case, lambda x, g, b, y, amax: ops.gemv(w, x, y, n_out, k, gamma=g, bias=b, eps=case.eps, amax=amax,
+                                                       splitk=1, rows=4, tuning=tuning), FP32_TOL)
 
 
 def _rope_cfg(nh, nkv, hd):
@@ -181,11 +156,10 @@ GEMV_ROPE_CASES = [  # nh, nkv, hd, k, bias, splitk
 @pytest.mark.parametrize("blocks", [None, 5])
 @pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("nh,nkv,hd,k,bias,splitk", GEMV_ROPE_CASES)
-def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks, monkeypatch):
+def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks):
     from kernels import ops
 
-    monkeypatch.setattr(ops, "GEMV_WARPS", warps)
-    monkeypatch.setattr(ops, "GEMV_MINB", minb)
+    tuning = GemvTuning(warps=warps, min_blocks=minb)
 
     n = (nh + 2 * nkv) * hd
     ctx, eps = 200, 1e-5
@@ -203,7 +177,7 @@ def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks, m
         vc = kc.copy()
         launch = ops.gemv_rope(d_w, cp.asarray(x), cp.asarray(g), cp.asarray(b) if bias else None, y,
                                state(cp, pos=pos), d_cos, d_sin, kc, vc, nh=nh, nkv=nkv, hd=hd, k=k, max_ctx=ctx,
-                               eps=eps, splitk=splitk, blocks=blocks)
+                               eps=eps, splitk=splitk, blocks=blocks, tuning=tuning)
         run(cp, launch)
         p = min(pos, ctx - 1)
         q = _rope_ref(full[: nh * hd].reshape(nh, hd), None, cos[p], sin[p], eps)
