@@ -7,9 +7,6 @@
 // of its sum, d * sum(q x) - m * sum(x), which changes only the order of the fp32 sums.
 #include "common.cuh"
 
-#ifndef NORM
-#define NORM 0
-#endif
 #ifndef K
 #error "K (the row length) must be defined"
 #endif
@@ -19,21 +16,6 @@ __device__ __forceinline__ float4 mul4(float4 a, float4 b) {
 }
 
 __device__ __forceinline__ float sum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
-
-// x as float4s; with NORM their squares go to ss and the values come back scaled by gamma
-struct XLoader {
-    const float4* x4;
-    const float4* g4;
-    float ss;
-    __device__ __forceinline__ float4 get(int i) {
-        float4 v = __ldg(x4 + i);
-        if (NORM) {
-            ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
-            v = mul4(v, __ldg(g4 + i));
-        }
-        return v;
-    }
-};
 
 // weight loads: EARLY ones are coherent (ptxas keeps them above the PDL wait), the rest .nc
 template <bool EARLY>
@@ -95,9 +77,9 @@ struct Bf16 {
     static __device__ __forceinline__ Chunk load(const unsigned char* row, int k, bool ok) {
         return ok ? load16<EARLY>(row + 16 * (size_t)k) : make_uint4(0u, 0u, 0u, 0u);
     }
-    template <int R>
-    static __device__ __forceinline__ void dot(const Chunk (&c)[R], XLoader& x, int k, float (&acc)[R]) {
-        const float4 xa = x.get(2 * k), xb = x.get(2 * k + 1);
+    template <int R, class X>
+    static __device__ __forceinline__ void dot(const Chunk (&c)[R], X& x, int k, float (&acc)[R]) {
+        const float4 xa = x.get(k, 0), xb = x.get(k, 1);
 #pragma unroll
         for (int j = 0; j < R; ++j) acc[j] = dot8(c[j], xa, xb, acc[j]);
     }
@@ -136,10 +118,11 @@ __device__ __forceinline__ float byte_f(unsigned v, int b, float magic_off) {
     return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540 + b)) - magic_off;
 }
 
+// the fp16 in the low half of h, exactly: its bits moved into an fp32 read 2^-112 times the value
+// (subnormals too), then scaled back; full-rate integer and FMUL work, where cvt.f32.f16 is not
 __device__ __forceinline__ float half_f(unsigned h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h & 0xffffu)));
-    return f;
+    const unsigned u = ((h & 0x7fffu) << 13) | ((h & 0x8000u) << 16);
+    return __uint_as_float(u) * 0x1p112f;
 }
 
 __device__ __forceinline__ unsigned word_of(const uint4 q, int i) {
@@ -231,9 +214,11 @@ struct Nibbles : QuantRows<32, BLOCK, HIGH == 0 ? 0 : HIGH == 1 ? 4 : 8, SB, DB>
             s1 = d * byte_f(c.s.v ^ 0x8080u, 1, MAGIC + 128.0f);
         }
     }
-    template <int R>
-    static __device__ __forceinline__ void dot(const Chunk (&c)[R], XLoader& x, int k, float (&acc)[R]) {
-        float sx = 0.f;
+    template <int R, class X>
+    static __device__ __forceinline__ void dot(const Chunk (&c)[R], X& x, int k, float (&acc)[R]) {
+        float s0[R], s1[R], mn[R], sx = 0.f;
+#pragma unroll
+        for (int j = 0; j < R; ++j) scales(c[j], s0[j], s1[j], mn[j]);
 #pragma unroll X_HALVES
         for (int h = 0; h < 2; ++h) {
             float p[R];
@@ -241,7 +226,7 @@ struct Nibbles : QuantRows<32, BLOCK, HIGH == 0 ? 0 : HIGH == 1 ? 4 : 8, SB, DB>
             for (int j = 0; j < R; ++j) p[j] = 0.f;
 #pragma unroll
             for (int i2 = 0; i2 < 2; ++i2) {
-                const float4 lo = x.get(8 * k + 4 * h + 2 * i2), hi = x.get(8 * k + 4 * h + 2 * i2 + 1);
+                const float4 lo = x.get(k, 4 * h + 2 * i2), hi = x.get(k, 4 * h + 2 * i2 + 1);
                 if (MINS) sx += sum4(lo) + sum4(hi);
 #pragma unroll
                 for (int j = 0; j < R; ++j) {
@@ -250,19 +235,11 @@ struct Nibbles : QuantRows<32, BLOCK, HIGH == 0 ? 0 : HIGH == 1 ? 4 : 8, SB, DB>
                 }
             }
 #pragma unroll
-            for (int j = 0; j < R; ++j) {
-                float s0, s1, m;
-                scales(c[j], s0, s1, m);
-                acc[j] = fmaf(h ? s1 : s0, p[j], acc[j]);
-            }
+            for (int j = 0; j < R; ++j) acc[j] = fmaf(h ? s1[j] : s0[j], p[j], acc[j]);
         }
         if (MINS) {
 #pragma unroll
-            for (int j = 0; j < R; ++j) {
-                float s0, s1, m;
-                scales(c[j], s0, s1, m);
-                acc[j] = fmaf(m, sx, acc[j]);
-            }
+            for (int j = 0; j < R; ++j) acc[j] = fmaf(mn[j], sx, acc[j]);
         }
     }
     // value of weight 8i + 4t + b: scale * (v - OFF) [+ min], one exact product and one rounding
@@ -311,8 +288,8 @@ struct Crumbs : QuantRows<64, 256, Q3 ? 8 : 0, 4, Q3 ? 2 : 4> {
             m = -(half_f(c.d.v >> 16) * byte_f((sb >> 4) & 0x0F0F0F0Fu, i2, MAGIC));
         }
     }
-    template <int R>
-    static __device__ __forceinline__ void dot(const Chunk (&c)[R], XLoader& x, int k, float (&acc)[R]) {
+    template <int R, class X>
+    static __device__ __forceinline__ void dot(const Chunk (&c)[R], X& x, int k, float (&acc)[R]) {
 #pragma unroll X_HALVES
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -321,7 +298,7 @@ struct Crumbs : QuantRows<64, 256, Q3 ? 8 : 0, 4, Q3 ? 2 : 4> {
                 float sx = 0.f;
 #pragma unroll
                 for (int s = 0; s < 4; ++s) {
-                    xs[s] = x.get(16 * k + 8 * h + 4 * i2 + s);
+                    xs[s] = x.get(k, 8 * h + 4 * i2 + s);
                     if (!Q3) sx += sum4(xs[s]);
                 }
 #pragma unroll
@@ -356,8 +333,8 @@ struct Crumbs : QuantRows<64, 256, Q3 ? 8 : 0, 4, Q3 ? 2 : 4> {
 
 // Q8_0: 16 int8 weights per chunk (two chunks per block), in ggml's order
 struct Q8_0 : QuantRows<16, 32, 0, 0, 2> {
-    template <int R>
-    static __device__ __forceinline__ void dot(const Chunk (&c)[R], XLoader& x, int k, float (&acc)[R]) {
+    template <int R, class X>
+    static __device__ __forceinline__ void dot(const Chunk (&c)[R], X& x, int k, float (&acc)[R]) {
         float p[R];
 #pragma unroll
         for (int j = 0; j < R; ++j) p[j] = 0.f;
@@ -365,7 +342,7 @@ struct Q8_0 : QuantRows<16, 32, 0, 0, 2> {
         for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int i2 = 0; i2 < 2; ++i2) {
-                const float4 xi = x.get(4 * k + 2 * h + i2);
+                const float4 xi = x.get(k, 2 * h + i2);
 #pragma unroll
                 for (int j = 0; j < R; ++j) p[j] = dot4(half_word(c[j].q, h, i2) ^ 0x80808080u, xi, p[j], MAGIC + 128.0f);
             }

@@ -37,6 +37,7 @@ SHORT_ROW = 1024  # bf16 rows at most this long, and many of them: ROWS rows per
 WARP_TARGET = 48  # rows (bf16) in flight per SM that the split over K aims for
 QUANT_UNITS_PER_SM = 12  # units (ROWS rows each) in flight per SM that the split over K aims for
 ENCODE_BLOCK = 128  # threads per block of the quantize / dequantize kernels
+SMEM_PER_SM = 220 * 1024  # shared memory the x copies of one SM's resident blocks may take
 GEMV_WARPS = GemvTuning().warps
 
 
@@ -111,6 +112,16 @@ def grid_for(groups: int, min_blocks: int, tuning: GemvTuning, blocks: int | Non
     return max(1, min(groups, blocks))
 
 
+def x_smem_bytes(w, k: int, tuning: GemvTuning) -> int:
+    """Shared memory for a block's copy of x (one padded row of float4s per chunk), or 0 when x is
+    read from global memory (bf16 rows, tuning.quant_x_smem off, or a row too long to fit)."""
+    if not is_quant(w) or not tuning.quant_x_smem:
+        return 0
+    chunk = fmt_of(w.fmt).chunk
+    nbytes = k // chunk * (chunk // 4 + 1) * 16
+    return nbytes if nbytes * tuning.quant_min_blocks <= SMEM_PER_SM else 0
+
+
 def _launch_shape(w, units: int, k: int, tuning: GemvTuning, splitk: int | None, blocks: int | None):
     _, _, chunk = _source(w)
     quant = is_quant(w)
@@ -119,7 +130,20 @@ def _launch_shape(w, units: int, k: int, tuning: GemvTuning, splitk: int | None,
     if s > tuning.warps or tuning.warps % s:
         raise ValueError(f"split_k {s} does not divide {tuning.warps} warps")
     grid = grid_for(math.ceil(units / (tuning.warps // s)), min_blocks, tuning, blocks)
-    return s, min_blocks, grid
+    return s, min_blocks, grid, x_smem_bytes(w, k, tuning)
+
+
+def _quant_module(source: str, rows: int, **defines):
+    """The module for these defines; a block format whose ROWS rows per warp do not fit the register
+    cap without local memory (ptxas decides per shape) takes 2 rows per warp instead."""
+    from kernels.compiler import KernelCompileError
+
+    try:
+        return module(source, ROWS=rows, **defines), rows
+    except KernelCompileError as e:
+        if rows <= 2 or "local memory" not in str(e):
+            raise
+        return module(source, ROWS=2, **defines), 2
 
 
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = EPI_STORE, eps: float = 0.0,
@@ -140,15 +164,20 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
     if amax is not None and epi != EPI_STORE:
         raise ValueError("the argmax folds stored rows (EPI_STORE)")
     rows = rows or rows_per_unit(w, n_out, k, epi, tuning, pair)
-    per_unit = rows // 2 if epi == EPI_SILU else rows
-    units = math.ceil(n_out / per_unit)
-    s, min_blocks, grid = _launch_shape(w, units, k, tuning, splitk, blocks)
     source, suffix, _ = _source(w)
-    mod = module(source, K=k, EPILOGUE=epi.define, NORM=int(gamma is not None), BIAS=int(bias is not None),
-                 SPLIT_K=s, MIN_BLOCKS=min_blocks, ARGMAX=int(amax is not None), WARPS=tuning.warps, ROWS=rows)
+    for _ in range(2):
+        per_unit = rows // 2 if epi == EPI_SILU else rows
+        units = math.ceil(n_out / per_unit)
+        s, min_blocks, grid, smem = _launch_shape(w, units, k, tuning, splitk, blocks)
+        mod, got = _quant_module(source, rows, K=k, EPILOGUE=epi.define, NORM=int(gamma is not None),
+                                 BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks,
+                                 ARGMAX=int(amax is not None), WARPS=tuning.warps, X_SMEM=int(smem > 0))
+        if got == rows:
+            break
+        rows = got  # fewer rows per warp: the grid and split follow
     data = w.data if is_quant(w) else w
     return mod.function("gemv" + suffix, "PPPPPifP").prepare(
-        grid, tuning.warps * 32, [data, x, gamma, bias, y, n_out, eps, amax], pdl=pdl)
+        grid, tuning.warps * 32, [data, x, gamma, bias, y, n_out, eps, amax], smem=smem, pdl=pdl)
 
 
 def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
@@ -166,15 +195,19 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
     rows = rows_per_unit(w, n_pairs, k, Epilogue.ROPE, tuning, False)
     if (hd // 2) % (rows // 2):
         rows = 2
-    s, min_blocks, grid = _launch_shape(w, n_pairs // (rows // 2), k, tuning, splitk, blocks)
     source, suffix, _ = _source(w)
-    mod = module(source, K=k, EPILOGUE=Epilogue.ROPE.define, NORM=int(gamma is not None),
-                 BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks, HEAD_DIM=hd, WARPS=tuning.warps,
-                 ROWS=rows)
+    for _ in range(2):
+        s, min_blocks, grid, smem = _launch_shape(w, n_pairs // (rows // 2), k, tuning, splitk, blocks)
+        mod, got = _quant_module(source, rows, K=k, EPILOGUE=Epilogue.ROPE.define, NORM=int(gamma is not None),
+                                 BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks, HEAD_DIM=hd,
+                                 WARPS=tuning.warps, X_SMEM=int(smem > 0))
+        if got == rows:
+            break
+        rows = got
     data = w.data if is_quant(w) else w
     return mod.function("gemv_rope" + suffix, "PPPPPifPPPPPiiii").prepare(
         grid, tuning.warps * 32, [data, x, gamma, bias, y, n_pairs, eps, state, cos, sin, k_cache, v_cache, nh, nkv,
-                                  max_ctx, head0], pdl=pdl)
+                                  max_ctx, head0], smem=smem, pdl=pdl)
 
 
 def _dequant_module(w: QuantWeight):

@@ -13,6 +13,7 @@ class GemvTuning:
     waves: int = 1  # grid = waves blocks per resident slot, rows striding over it; 0: one block per row group
     quant_rows: int = 4  # rows per warp of the block-format GEMVs (each x load serves them all)
     quant_min_blocks: int = 3  # their register cap: 168 (the unpacking needs more than bf16's 128)
+    quant_x_smem: bool = True  # their blocks copy x (times gamma) to shared memory once, for unit-stride reads
 
 
 @dataclass(frozen=True)

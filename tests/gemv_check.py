@@ -50,11 +50,12 @@ def epilogue_ref(full, epi, n_out: int, y0, bias):
 
 class GemvCase:
     """Random inputs for y = epilogue(W x) with W's float values wf [rows, k] (what the kernel must
-    multiply by); outputs start as NaN unless the epilogue reads them."""
+    multiply by); outputs start as NaN unless the epilogue reads them. EPI_STORE also checks the argmax
+    word unless argmax is False."""
 
-    def __init__(self, rng, wf, n_out: int, epi, norm: bool, bias: bool, eps: float = 1e-5):
+    def __init__(self, rng, wf, n_out: int, epi, norm: bool, bias: bool, eps: float = 1e-5, argmax: bool = True):
         rows, k = wf.shape
-        self.wf, self.n_out, self.epi, self.eps = wf, n_out, epi, eps
+        self.wf, self.n_out, self.epi, self.eps, self.argmax = wf, n_out, epi, eps, argmax
         self.x = rng.standard_normal(k).astype(np.float32) * 3
         self.g = (0.5 + rng.random(k)).astype(np.float32) if norm else None
         self.b = rng.standard_normal(rows).astype(np.float32) if bias else None
@@ -68,7 +69,7 @@ class GemvCase:
         """(x, gamma, bias, y, amax) on the device; y poisoned unless the epilogue reads it."""
         reads_y = self.epi in (EPI_ADD, EPI_GATE)
         y = cp.asarray(self.y0) if reads_y else cp.full(self.n_out, np.nan, cp.float32)
-        amax = cp.zeros(1, cp.uint64) if self.epi == EPI_STORE else None
+        amax = cp.zeros(1, cp.uint64) if self.epi == EPI_STORE and self.argmax else None
         x, g, b = (None if a is None else cp.asarray(a) for a in (self.x, self.g, self.b))
         return x, g, b, y, amax
 
