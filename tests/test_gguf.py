@@ -345,7 +345,8 @@ def test_import_matches_transformers_gguf_loader(tmp_path, arch):
     path = write_gguf(tmp_path / f"{arch}.gguf", arch=arch, pre="qwen2" if arch == "qwen2" else "llama-bpe")
     out = import_gguf(path, tmp_path / "out", progress=False)
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        ".gdecode-import", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json",
     ]
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["tie_word_embeddings"] is (arch == "qwen2")
@@ -494,13 +495,13 @@ def test_unsupported_model(tmp_path, kwargs, needle):
 
 def test_existing_outdir_needs_force(good_gguf, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep").write_text("x")
+    assert gdecode("import-gguf", good_gguf, out, "--no-progress").returncode == 0
+    (out / "config.json").write_text("{}")  # an earlier import, edited: --force may replace it
     r = gdecode("import-gguf", good_gguf, out)
-    assert r.returncode != 0 and "--force" in r.stderr and (out / "keep").exists()
+    assert r.returncode != 0 and "--force" in r.stderr and (out / "config.json").read_text() == "{}"
     r = gdecode("import-gguf", good_gguf, out, "--force", "--no-progress")
     assert r.returncode == 0, r.stderr
-    assert not (out / "keep").exists() and (out / "model.safetensors").exists()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
