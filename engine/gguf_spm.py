@@ -3,12 +3,13 @@
 llama.cpp tokenizes such a vocabulary by merging, again and again, the adjacent pair whose join is
 the vocabulary token of highest score; pieces left outside the vocabulary become <0xXX> byte tokens.
 That is BPE whose merges are every split of every token into two vocabulary tokens, ranked by the
-score of the joined token, with byte fallback; spaces are spelled "▁", with one in front of the text.
+score of the joined token, with byte fallback; spaces are spelled "▁", with one in front of the text
+and after each special token.
 """
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers
 
 from engine.errors import GDecodeError
 
@@ -46,11 +47,15 @@ def spm_tokenizer(tokens: list[str], scores: list[float], unk: str | None, add_s
     except Exception as e:  # the Rust side raises a bare Exception
         raise GDecodeError(f"cannot build the sentencepiece model ({str(e).splitlines()[0]})") from None
     tok = Tokenizer(bpe)
-    # "first": the space goes in front of the text, not in front of each piece between special tokens
-    scheme = "first" if add_space_prefix else "never"
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme=scheme, split=False)
-    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    # llama.cpp puts the space in front of every stretch of text, also one after a special token or
+    # one that starts with a space, as sentencepiece does; a normalizer does that per stretch
+    # (a Metaspace pre-tokenizer would skip both cases)
+    steps = [normalizers.Replace(" ", SPACE)]
     if add_space_prefix:
-        steps.append(decoders.Strip(content=" ", left=1, right=0))
-    tok.decoder = decoders.Sequence(steps)
+        steps.insert(0, normalizers.Prepend(SPACE))
+    tok.normalizer = normalizers.Sequence(steps)
+    decode = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        decode.append(decoders.Strip(content=" ", left=1, right=0))
+    tok.decoder = decoders.Sequence(decode)
     return tok
