@@ -1,8 +1,8 @@
 import hashlib
 import os
 import subprocess
-import threading
 import sys
+import threading
 from pathlib import Path
 
 import pytest
