@@ -17,7 +17,7 @@ from engine.qweights import dequantized, fuse
 from engine.tokenizer import Tokenizer
 from engine.weights import LayerWeights, ModelWeights
 
-__all__ = ["is_gguf", "load_gguf", "gguf_plan", "dequantized", "tensor_types"]
+__all__ = ["is_gguf", "load_gguf", "open_model", "gguf_plan", "dequantized", "tensor_types"]
 
 
 def is_gguf(path: str | Path) -> bool:
