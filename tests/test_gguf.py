@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("gguf")  # a runtime dependency; absent only on bare GPU images
 import torch
-from gguf import GGML_QUANT_SIZES, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter
+from gguf.gguf_writer import GGUFValue
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 from tokenizers import Tokenizer
@@ -282,7 +283,8 @@ def write_gguf(path, arch="llama", pre="llama-bpe", types=None, rope_freqs=None,
                vocab_writer=None, meta=None, head_dim=HD):
     """A tiny random llama/qwen2/qwen3 GGUF with the test vocabulary; types: per-tensor GGML types (default F32).
 
-    vocab_writer(w) -> size writes another vocabulary; meta: extra metadata {key: value} (int, float, str)."""
+    vocab_writer(w) -> size writes another vocabulary; meta: metadata to set or replace {key: value or
+    (value, GGUFValueType)}, or to remove {key: None}."""
     rng = np.random.default_rng(seed)
     hd = head_dim
     types = types or (QWEN2_TYPES if arch == "qwen2" else LLAMA_TYPES)
@@ -299,9 +301,16 @@ def write_gguf(path, arch="llama", pre="llama-bpe", types=None, rope_freqs=None,
         w.add_value_length(hd)
     w.add_rope_freq_base(500000.0 if rope_freqs is not None else 10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    for key, value in (meta or {}).items():
-        {int: w.add_uint32, float: w.add_float32, str: w.add_string, bool: w.add_bool}[type(value)](key, value)
     v = (vocab_writer or (lambda w: gpt2_vocab(w, pre, add_bos)))(w)
+    for key, value in (meta or {}).items():  # set, replace (with another type too) or, with None, remove
+        if value is None:
+            w.kv_data[0].pop(key, None)
+            continue
+        value, kind = value if isinstance(value, tuple) else (value, None)
+        kind = kind or {bool: GGUFValueType.BOOL, int: GGUFValueType.UINT32, float: GGUFValueType.FLOAT32,
+                        str: GGUFValueType.STRING, list: GGUFValueType.ARRAY}[type(value)]
+        sub = GGUFValueType.get_type(value[0]) if kind == GGUFValueType.ARRAY else None
+        w.kv_data[0][key] = GGUFValue(value, kind, sub)
     shapes = {"token_embd": (v, H), "output_norm": (H,)}
     if "output" in types:
         shapes["output"] = (v, H)
