@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("gguf")  # a runtime dependency; absent only on bare GPU images
 import torch
 from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter
-from gguf.gguf_writer import GGUFValue
 from gguf import GGMLQuantizationType as Q
+from gguf.gguf_writer import GGUFValue
 from gguf.quants import quantize
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
