@@ -540,3 +540,22 @@ def test_failure_while_writing_leaves_nothing(good_gguf, tmp_path, monkeypatch):
     with pytest.raises(GDecodeError, match="disk full"):
         gi.import_gguf(good_gguf, tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("eps, theta", [(1e-5, 10000.0), (1e-6, 1e6), (3.5e-6, 123456.0)])
+def test_config_fields_written(tmp_path, eps, theta):
+    # eps as the float32 the file holds, printed shortest; EOS, EOT and EOM all stop generation
+    meta = {"llama.attention.layer_norm_rms_epsilon": eps, "llama.rope.freq_base": theta,
+            "tokenizer.ggml.eot_token_id": 5, "tokenizer.ggml.eom_token_id": 6}
+    path = write_gguf(tmp_path / "m.gguf", types={"token_embd": Q.F32}, meta=meta)
+    out = import_gguf(path, tmp_path / "out", progress=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["rms_norm_eps"] == eps and cfg["rope_theta"] == theta
+    assert cfg["eos_token_id"] == [2, 5, 6] and cfg["bos_token_id"] == 1
+    assert json.loads((out / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": [2, 5, 6]}
+    c = ModelConfig.from_dir(out)
+    assert (c.rms_norm_eps, c.rope_theta, c.eos_token_ids) == (eps, theta, (2, 5, 6))
+    # and transformers' own reading of the file agrees on what it reads
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).config
+    assert hf.rms_norm_eps == pytest.approx(eps, rel=1e-6)
+    assert hf.rope_parameters["rope_theta"] == pytest.approx(theta)
