@@ -56,8 +56,6 @@ def generate(
     llm = LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph)
     if seed is None:
         params = replace(params, seed=resolve_seed(params))
-        if not params.greedy:
-            print(f"seed: {params.seed}", file=sys.stderr)
     shown = 0
     for piece in llm.generate(prompt, params, chat=chat, system=system):
         sys.stdout.write(piece)
@@ -65,6 +63,8 @@ def generate(
         shown = _print_logprobs(llm, shown)
     _print_logprobs(llm, shown)
     sys.stdout.write("\n")
+    if seed is None and not params.greedy:
+        print(f"seed: {params.seed} (pass --seed {params.seed} to repeat this run)", file=sys.stderr)
     s = llm.stats
     if s.stop_reason == "context":
         print(f"stopped: reached the context limit of {llm.max_context} tokens", file=sys.stderr)
