@@ -19,7 +19,7 @@ _P = SamplingParams
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="The prompt text, or - to read it from standard input."),
-    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory."),
+    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
     max_new_tokens: int = typer.Option(_P.max_new_tokens, "--max-new-tokens", "-n", min=1),
     temperature: float = typer.Option(_P.temperature, help="0 means greedy."),
     top_k: int = typer.Option(_P.top_k, help="0 turns top-k off."),
@@ -43,6 +43,7 @@ def generate(
     backend: str = typer.Option("auto", help="auto | cuda | numpy"),
     max_context: Optional[int] = typer.Option(None, help="KV-cache length (default: the model's limit)."),
     no_graph: bool = typer.Option(False, "--no-graph", help="Launch the decode kernels eagerly (CUDA)."),
+    quantize: Optional[str] = typer.Option(None, help="Quantize a bf16/fp16/fp32 model at load: q8_0 | q4_0."),
 ):
     """Generate text from PROMPT, streaming it to stdout; speed goes to stderr."""
     if system is not None and not chat:
@@ -53,7 +54,7 @@ def generate(
                             max_new_tokens=max_new_tokens, stop=tuple(stop), min_p=min_p,
                             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logprobs=logprobs)
-    llm = LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph)
+    llm = LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph, quantize=quantize)
     if seed is None:
         params = replace(params, seed=resolve_seed(params))
     shown = 0

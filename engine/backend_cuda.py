@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError, NonFiniteLogits
+from engine.errors import GDecodeError, NonFiniteLogits, check_tokens
 from engine.prefix import shared_prefix
 from engine.sampling import SamplingParams, TokenLogprobs
 from engine.weights import ModelWeights
@@ -55,7 +55,7 @@ class CudaBackend:
             self.tuning, self.attn_splits = tuning, tuning.splits
             self.bufs = DecodeBuffers(cfg, self.max_context, self.attn_splits, RING)
             try:
-                self.prefill = Prefill(cfg, self.weights, self.bufs, stream, tuning.prefill)
+                self.prefill = Prefill(cfg, self.weights, self.bufs, stream, tuning)
             except GDecodeError:
                 self.prefill = None  # a head size the prefill kernels don't cover: replay the prompt
             stream.synchronize()
@@ -73,10 +73,7 @@ class CudaBackend:
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise GDecodeError("the prompt is empty")
-        if len(ids) > self.max_context:
-            raise GDecodeError(f"the prompt is {len(ids)} tokens but the context holds {self.max_context}")
-        if min(ids) < 0 or max(ids) >= self.cfg.vocab_size:
-            raise GDecodeError(f"token id out of range [0, {self.cfg.vocab_size})")
+        check_tokens(ids, self.cfg.vocab_size, self.max_context)
         p = params or SamplingParams(temperature=0.0)
         self.held = []
         self.stream.synchronize()

@@ -33,7 +33,9 @@ class LayerWeights:
 
 @dataclass
 class ModelWeights:
-    """Arrays keep the checkpoint dtype: float32, float16 or ml_dtypes.bfloat16."""
+    """Arrays keep the checkpoint dtype: float32, float16 or ml_dtypes.bfloat16. Loaded from a GGUF
+    (engine.gguf_model), a matrix may instead be an engine.quant.QuantMatrix, and wqkv / w_gate_up a
+    QuantStack of one QuantMatrix per part."""
 
     embed: np.ndarray  # [V, H]
     layers: list[LayerWeights]

@@ -27,7 +27,7 @@ assert STATE_DTYPE.itemsize == 72, "sizeof(DecodeState), asserted in kernels/com
 STATE_REPEAT, STATE_COUNTS, STATE_NONFINITE = 1, 2, 4  # DecodeState.flags
 INT32_MAX = 2**31 - 1
 GUARD = 4096  # bf16 elements after each cache half, never written by a kernel
-GUARD_BITS = 0x7FC1
+GUARD_BITS = 0x7FC1  # a bf16 NaN unlike the 0x7FC0 that kernels write for NaN
 HEADROOM = 1 << 30  # device memory left free after sizing the KV cache
 CUDA_HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped: pinned host memory the device can address
 
@@ -190,9 +190,9 @@ class DecodeBuffers:
         if ring_size & (ring_size - 1):
             raise ValueError("ring_size must be a power of two")
         self.cfg, self.max_context, self.attn_splits = cfg, max_context, attn_splits
-        L, nkv, hd, nh = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.num_heads
-        self.cache_elems = L * nkv * max_context * hd
-        # kv: [K cache | guard | V cache | guard]; each cache [L, n_kv, max_ctx, hd] bf16
+        L, kv_heads, hd, nh = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.num_heads
+        self.cache_elems = L * kv_heads * max_context * hd
+        # kv: [K cache | guard | V cache | guard]; each cache [L, kv_heads, max_ctx, hd] bf16
         self.kv = cp.empty(2 * (self.cache_elems + GUARD), cp.uint16)
         self.kv[self.cache_elems : self.cache_elems + GUARD] = GUARD_BITS
         self.kv[2 * self.cache_elems + GUARD :] = GUARD_BITS
@@ -228,7 +228,7 @@ class DecodeBuffers:
         self._request = None
 
     def layer_cache(self, layer: int):
-        """(k, v) device addresses of one layer's [n_kv, max_ctx, hd] cache."""
+        """(k, v) device addresses of one layer's [kv_heads, max_ctx, hd] cache."""
         n = self.cache_elems // self.cfg.num_layers
         return self.k_cache.data.ptr + 2 * layer * n, self.v_cache.data.ptr + 2 * layer * n
 

@@ -14,7 +14,7 @@ ATTN_MAX_SPLITS = 128
 
 
 def _module(hd: int, group: int, warps: int):
-    return module("attention", HD=hd, G=group, WARPS=warps, MAX_SPLITS=ATTN_MAX_SPLITS)
+    return module("attention", HEAD_DIM=hd, GROUP=group, WARPS=warps, MAX_SPLITS=ATTN_MAX_SPLITS)
 
 
 def attn_blocks_per_sm(hd: int, group: int, tuning: AttnTuning = AttnTuning()) -> int:

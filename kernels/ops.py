@@ -16,9 +16,10 @@ GEMV_WAVES = 1  # grid of GEMV_WAVES blocks per resident slot, rows striding ove
 SAMPLE_BLOCK = 512
 SAMPLE_SLICE = 2048  # logits per sampler block at least: fewer, larger blocks for a small vocabulary
 SAMPLE_MAX_PER = 8  # logits per sampler thread at most (registers)
-SAMPLE_LMAX = 64  # records kept per block and overall
-SAMPLE_TOPN = 20  # log-probabilities per token at most (engine/sampling.py MAX_LOGPROBS)
-SAMPLE_LP_WORDS = 44  # int32 words of one log-probability ring slot: token, logprob, n, (id, logprob) x TOPN
+SAMPLE_MAX_BLOCKS = 128  # the merges gather every block's lists into shared memory
+SAMPLE_MAX_RECORDS = 64  # records kept per block and overall
+SAMPLE_MAX_LOGPROBS = 20  # log-probabilities per token at most (engine/sampling.py MAX_LOGPROBS)
+SAMPLE_LP_WORDS = 44  # int32 words of one log-probability ring slot: token, logprob, n, (id, logprob) x MAX_LOGPROBS
 
 
 @functools.cache
@@ -104,18 +105,22 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
                                 max_ctx], pdl=pdl)
 
 
+EMBED_BLOCK = 256
+FILL_BLOCK, FILL_BLOCKS_PER_SM = 256, 64
+
+
 def embed(table, state, x, vocab: int, hidden: int, pdl: bool = False) -> Launch:
     """x [hidden] f32 = table[state.token] (clamped into the vocabulary); table [vocab, hidden] bf16."""
     threads = hidden // 8  # 8 bf16 (16 bytes) per thread
-    block = min(256, threads)
-    return module("embed", H=hidden).function("embed", "PPPi").prepare(
+    block = min(EMBED_BLOCK, threads)
+    return module("embed", HIDDEN=hidden).function("embed", "PPPi").prepare(
         math.ceil(threads / block), block, [table, state, x, vocab], pdl=pdl)
 
 
 def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: int, kv_heads: int, hd: int,
                 max_ctx: int, eps: float, warps: int = Tuning.rope_warps, pdl: bool = False) -> Launch:
     """q/k RMSNorm (when q_norm is given), RoPE at the state's position, and the K/V append; one warp per head."""
-    mod = module("rope", HD=hd, QK_NORM=int(q_norm is not None), WARPS=warps)
+    mod = module("rope", HEAD_DIM=hd, QK_NORM=int(q_norm is not None), WARPS=warps)
     return mod.function("rope_append", "PPPPPPPPiiif").prepare(
         math.ceil((nh + kv_heads) / warps), warps * 32,
         [qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, nh, kv_heads, max_ctx, eps], pdl=pdl)
@@ -124,7 +129,7 @@ def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: i
 def sample_shape(vocab: int, sms: int) -> tuple[int, int]:
     """(blocks, logits per thread) of the sampler: a block per SAMPLE_SLICE logits, at most one per SM
     (its grid barrier needs every block resident at once)."""
-    grid = max(1, min(math.ceil(vocab / SAMPLE_SLICE), sms))
+    grid = max(1, min(math.ceil(vocab / SAMPLE_SLICE), sms, SAMPLE_MAX_BLOCKS))
     per = math.ceil(vocab / (grid * SAMPLE_BLOCK))
     if per > SAMPLE_MAX_PER:
         raise ValueError(f"a vocabulary of {vocab} needs more than {SAMPLE_MAX_PER} logits per sampler thread")
@@ -132,9 +137,10 @@ def sample_shape(vocab: int, sms: int) -> tuple[int, int]:
 
 
 def sample_work_words(grid: int) -> int:
-    """uint64 words of the sampler's scratch (kernels/sample.cu's layout: header, two [LMAX + 1]
-    accumulators, then per block its record count, LMAX record keys and z keys, and TOPN raw keys)."""
-    return 8 + 2 * (SAMPLE_LMAX + 1) + grid * (1 + 2 * SAMPLE_LMAX + SAMPLE_TOPN)
+    """uint64 words of the sampler's scratch (kernels/sample.cu's layout: a header, two [MAX_RECORDS + 1]
+    accumulators, then per block its record count, MAX_RECORDS record keys and z keys, and MAX_LOGPROBS
+    raw keys)."""
+    return 8 + 2 * (SAMPLE_MAX_RECORDS + 1) + grid * (1 + 2 * SAMPLE_MAX_RECORDS + SAMPLE_MAX_LOGPROBS)
 
 
 def sample(logits, amax, state, tokens, ring, lp_ring, counts, window, work, *, vocab: int, max_ctx: int,
@@ -146,8 +152,8 @@ def sample(logits, amax, state, tokens, ring, lp_ring, counts, window, work, *, 
     work: uint64 [sample_work_words(grid)], zero before the first launch.
     """
     grid, per = sample_shape(vocab, sm_count())
-    mod = module("sample", BLOCK=SAMPLE_BLOCK, PER=per, GRID=grid, LMAX=SAMPLE_LMAX, TOPN=SAMPLE_TOPN,
-                 LP_WORDS=SAMPLE_LP_WORDS, WORK_WORDS=sample_work_words(grid))
+    mod = module("sample", BLOCK=SAMPLE_BLOCK, PER_THREAD=per, BLOCKS=grid, MAX_RECORDS=SAMPLE_MAX_RECORDS,
+                 MAX_LOGPROBS=SAMPLE_MAX_LOGPROBS, LP_WORDS=SAMPLE_LP_WORDS, WORK_WORDS=sample_work_words(grid))
     return mod.function("sample", "PPPPPPPPPii").prepare(
         grid, SAMPLE_BLOCK, [logits, amax, state, tokens, ring, lp_ring, counts, window, work, vocab, max_ctx],
         pdl=pdl)
@@ -155,8 +161,9 @@ def sample(logits, amax, state, tokens, ring, lp_ring, counts, window, work, *, 
 
 def _fill(name: str, out, seed: int, scale: float, offset: float, stream=None):
     n = out.size
-    grid = max(1, min(math.ceil(n / 256), 64 * sm_count()))
-    module("fill", NONE=0).function(name, "PqQff").launch(grid, 256, [out, n, seed % 2**64, scale, offset],
+    # a grid-stride loop: one element per thread, the grid capped at FILL_BLOCKS_PER_SM waves' worth
+    grid = max(1, min(math.ceil(n / FILL_BLOCK), FILL_BLOCKS_PER_SM * sm_count()))
+    module("fill", NONE=0).function(name, "PqQff").launch(grid, FILL_BLOCK, [out, n, seed % 2**64, scale, offset],
                                                            stream=stream)
 
 

@@ -43,7 +43,7 @@ class ChunkLaunch:
 
 def _rows_module(hd: int = 16, qk_norm: bool = False, bias: bool = False, warps: int = _DEFAULT.row_warps):
     # embed_rows, rms_rows and silu_rows do not depend on the head defines: any valid head size builds them
-    return module("prefill_rope", HD=hd, QK_NORM=int(qk_norm), BIAS=int(bias), WARPS=warps)
+    return module("prefill_rope", HEAD_DIM=hd, QK_NORM=int(qk_norm), BIAS=int(bias), WARPS=warps)
 
 
 def embed_rows(table, prompt, x, *, chunk: int, hidden: int, vocab: int) -> ChunkLaunch:
@@ -101,7 +101,8 @@ def prefill_attn(q, k_cache, v_cache, out, *, chunk: int, nh: int, kv_heads: int
     """
     group = nh // kv_heads
     tokens = attn_max_group(warps) // group
-    fn = module("prefill_attn", HD=hd, G=group, WARPS=warps).function("prefill_attn", "iiPPPPi")
+    mod = module("prefill_attn", HEAD_DIM=hd, GROUP=group, WARPS=warps, KV_TILE=ATTN_KV_TILE)
+    fn = mod.function("prefill_attn", "iiPPPPi")
     launch = fn.prepare((math.ceil(chunk / tokens), kv_heads), warps * 32, [0, 0, q, k_cache, v_cache, out, max_ctx],
                         smem=attn_smem(hd))
     return ChunkLaunch(launch)

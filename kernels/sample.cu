@@ -1,17 +1,17 @@
-// Picks the next token on the device and advances the decode state: GRID blocks of BLOCK threads, block
-// b over logits [b * SLICE, (b + 1) * SLICE), PER per thread. The rule is engine/sampling.py's, bit for
+// Picks the next token on the device and advances the decode state: BLOCKS blocks of BLOCK threads, block
+// b over logits [b * SLICE, (b + 1) * SLICE), PER_THREAD per thread. The rule is engine/sampling.py's, bit for
 // bit: penalties, then greedy or z = l / T; the "records" (the Gumbel winner over all tokens, then over
 // the tokens above its z, ...) are found per block and merged after a grid barrier; every block then
 // counts the tokens and integer masses above each record's z; the last block to finish takes the
 // first record that top-k, top-p and min-p keep. No sort, and the cost hardly depends on the filters.
 // Sums are integers (exact in any order) and exp/log use correctly rounded float operations only, so
 // the numpy sampler draws the same tokens.
-// The grid barrier needs all GRID blocks resident at once (GRID <= the SM count; see ops.sample).
+// The grid barrier needs all BLOCKS blocks resident at once (BLOCKS <= the SM count; see ops.sample).
 // budget: sample=72
-// defines: BLOCK=512 PER=4 GRID=75 LMAX=64 TOPN=20 LP_WORDS=44 WORK_WORDS=11313
+// defines: BLOCK=512 PER_THREAD=4 BLOCKS=75 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=11313
 #include "reduce.cuh"
 
-#define SLICE (BLOCK * PER)
+#define SLICE (BLOCK * PER_THREAD)
 #define POOL_PER 6                  // gathered entries per thread in the merges
 #define POOL (POOL_PER * BLOCK)
 #define CUT 24.0f                   // engine/sampling.py CUT
@@ -19,22 +19,22 @@
 #define MASS_SCALE 0x1p40f          // 2^MASS_BITS
 
 // work: uint64 words, zero before the first launch; each launch leaves the accumulators zero
-#define W_ARRIVE 0                  // grid barrier tickets (grow by GRID per barrier)
-#define W_DONE 1                    // finished blocks (grow by GRID per launch)
+#define W_ARRIVE 0                  // grid barrier tickets (grow by BLOCKS per barrier)
+#define W_DONE 1                    // finished blocks (grow by BLOCKS per launch)
 #define W_GREEDY 2                  // packed argmax of the penalized logits
 #define W_RAW 3                     // mass of the raw logits (log-probabilities)
 #define W_BAD 4                     // nonzero: a logit was not finite
-#define W_COUNT 8                   // [LMAX + 1] tokens above threshold j (j = 0: all)
-#define W_MASS (W_COUNT + LMAX + 1) // [LMAX + 1] their mass
-#define W_BLOCKS (W_MASS + LMAX + 1)
+#define W_COUNT 8                   // [MAX_RECORDS + 1] tokens above threshold j (j = 0: all)
+#define W_MASS (W_COUNT + MAX_RECORDS + 1) // [MAX_RECORDS + 1] their mass
+#define W_BLOCKS (W_MASS + MAX_RECORDS + 1)
 #define B_NREC 0                    // per block: record count, record keys, record z keys, top raw keys
 #define B_REC 1
-#define B_RZ (1 + LMAX)
-#define B_TOP (1 + 2 * LMAX)
-#define BLOCK_WORDS (1 + 2 * LMAX + TOPN)
-static_assert(W_BLOCKS + GRID * BLOCK_WORDS == WORK_WORDS, "ops.sample_work_words disagrees with the layout");
-static_assert(GRID * TOPN <= POOL, "the top-n merge gathers every block's list");
-static_assert(3 + 2 * TOPN <= LP_WORDS, "a log-probability slot holds the token, its logprob, n and the top n");
+#define B_RZ (1 + MAX_RECORDS)
+#define B_TOP (1 + 2 * MAX_RECORDS)
+#define BLOCK_WORDS (1 + 2 * MAX_RECORDS + MAX_LOGPROBS)
+static_assert(W_BLOCKS + BLOCKS * BLOCK_WORDS == WORK_WORDS, "ops.sample_work_words disagrees with the layout");
+static_assert(BLOCKS * MAX_LOGPROBS <= POOL, "the top-n merge gathers every block's list");
+static_assert(3 + 2 * MAX_LOGPROBS <= LP_WORDS, "a log-probability slot holds the token, its logprob, n and the top n");
 
 __device__ __forceinline__ float rng_u(unsigned long long seed, unsigned long long step, unsigned long long i) {
     unsigned long long x = seed * 0x9E3779B97F4A7C15ull + step * 0xD1B54A32D192ED03ull + i;
@@ -102,7 +102,7 @@ __device__ __forceinline__ unsigned block_max_u32(unsigned v, Scratch& s) {
     __syncthreads();
     unsigned r = 0;
 #pragma unroll
-    for (int w = 0; w < NWARPS; ++w) r = max(r, (unsigned)s.i[w]);
+    for (int w = 0; w < BLOCK_WARPS; ++w) r = max(r, (unsigned)s.i[w]);
     __syncthreads();
     return r;
 }
@@ -121,8 +121,8 @@ __device__ __forceinline__ void warp_add_u64(unsigned long long v, unsigned long
 
 // double-buffered per-warp bests of a round: one barrier per round
 struct Rounds {
-    unsigned long long k[2][NWARPS];
-    unsigned z[2][NWARPS];
+    unsigned long long k[2][BLOCK_WARPS];
+    unsigned z[2][BLOCK_WARPS];
 };
 
 // the block's largest k (0 if none) and the z that came with it, on every thread
@@ -145,7 +145,7 @@ __device__ __forceinline__ void block_best(unsigned long long& k, unsigned& z, R
     k = 0;
     z = 0;
 #pragma unroll
-    for (int w = 0; w < NWARPS; ++w) {
+    for (int w = 0; w < BLOCK_WARPS; ++w) {
         if (rs.k[buf][w] > k) {
             k = rs.k[buf][w];
             z = rs.z[buf][w];
@@ -154,14 +154,14 @@ __device__ __forceinline__ void block_best(unsigned long long& k, unsigned& z, R
 }
 
 // the records over the block's (zk, rk) pairs (zk 0: no entry): the largest rk, then the largest rk
-// with zk above the last record's, until none is left or LMAX are found. Thread 0 writes them to
+// with zk above the last record's, until none is left or MAX_RECORDS are found. Thread 0 writes them to
 // out_k / out_z (zk ascending); returns their count on every thread.
 template <int N>
 __device__ int find_records(const unsigned (&zk)[N], const unsigned long long (&rk)[N], unsigned long long* out_k,
                             unsigned* out_z, Rounds& rs) {
     unsigned low = 0;
     int n = 0;
-    for (; n < LMAX; ++n) {
+    for (; n < MAX_RECORDS; ++n) {
         unsigned long long k = 0;
         unsigned z = 0;
 #pragma unroll
@@ -205,7 +205,7 @@ __device__ __forceinline__ void grid_sync(unsigned long long* arrive) {
     if (threadIdx.x == 0) {
         __threadfence();
         const unsigned long long ticket = atomicAdd(arrive, 1ull);
-        const unsigned long long target = (ticket / GRID + 1) * GRID;
+        const unsigned long long target = (ticket / BLOCKS + 1) * BLOCKS;
         while (*(volatile unsigned long long*)arrive < target) __nanosleep(32);
         __threadfence();
     }
@@ -222,11 +222,11 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
        int* lp_ring, int* counts, int* window, unsigned long long* work, int vocab, int max_ctx)
 {
     __shared__ Rounds rs;
-    __shared__ unsigned long long rec_k[LMAX], top_keys[TOPN];
-    __shared__ unsigned rec_z[LMAX];
-    __shared__ unsigned long long above_mass[LMAX + 1];
-    __shared__ unsigned above_count[LMAX + 1];
-    __shared__ int pool_at[GRID];
+    __shared__ unsigned long long rec_k[MAX_RECORDS], top_keys[MAX_LOGPROBS];
+    __shared__ unsigned rec_z[MAX_RECORDS];
+    __shared__ unsigned long long above_mass[MAX_RECORDS + 1];
+    __shared__ unsigned above_count[MAX_RECORDS + 1];
+    __shared__ int pool_at[BLOCKS];
     __shared__ int is_last;
     __shared__ Scratch sc;
     pdl_enter();
@@ -244,10 +244,10 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     float m = 0.f;
 
     if (!in_prompt) {
-        float v[PER];
+        float v[PER_THREAD];
         bool bad = false;
 #pragma unroll
-        for (int e = 0; e < PER; ++e) {
+        for (int e = 0; e < PER_THREAD; ++e) {
             const int i = base + e * BLOCK + tid;
             float x = NEG_INF;
             if (i < vocab) {
@@ -265,10 +265,10 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
         if (__syncthreads_or(bad) && tid == 0) atomicOr(work + W_BAD, 1ull);
 
         if (want_lp) {
-            // the raw logits: their mass against the lm_head's max, and this block's TOPN largest
-            unsigned long long q = 0, rk[PER];
+            // the raw logits: their mass against the lm_head's max, and this block's MAX_LOGPROBS largest
+            unsigned long long q = 0, rk[PER_THREAD];
 #pragma unroll
-            for (int e = 0; e < PER; ++e) {
+            for (int e = 0; e < PER_THREAD; ++e) {
                 const int i = base + e * BLOCK + tid;
                 rk[e] = 0;
                 if (i < vocab) {
@@ -278,8 +278,8 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 }
             }
             warp_add_u64(q, work + W_RAW);
-            find_top<PER>(rk, TOPN, top_keys, rs);
-            if (tid < TOPN) mine[B_TOP + tid] = top_keys[tid];
+            find_top<PER_THREAD>(rk, MAX_LOGPROBS, top_keys, rs);
+            if (tid < MAX_LOGPROBS) mine[B_TOP + tid] = top_keys[tid];
         }
 
         if (greedy) {
@@ -287,7 +287,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 unsigned long long k = 0;
                 unsigned z = 0;
 #pragma unroll
-                for (int e = 0; e < PER; ++e) {
+                for (int e = 0; e < PER_THREAD; ++e) {
                     const int i = base + e * BLOCK + tid;
                     if (i < vocab) k = max(k, argmax_key(v[e], i));
                 }
@@ -296,18 +296,18 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             }
         } else {
             // this block's records over its candidates (nothing 24 below the block's best can win)
-            unsigned zk[PER];
-            unsigned long long rk[PER];
+            unsigned zk[PER_THREAD];
+            unsigned long long rk[PER_THREAD];
             unsigned top = 0;
 #pragma unroll
-            for (int e = 0; e < PER; ++e) {
+            for (int e = 0; e < PER_THREAD; ++e) {
                 const int i = base + e * BLOCK + tid;
                 zk[e] = i < vocab ? key_of(v[e]) : 0u;
                 top = max(top, zk[e]);
             }
             const float m_block = val_of(block_max_u32(top, sc));
 #pragma unroll
-            for (int e = 0; e < PER; ++e) {
+            for (int e = 0; e < PER_THREAD; ++e) {
                 const int i = base + e * BLOCK + tid;
                 rk[e] = 0;
                 if (zk[e] && v[e] >= m_block - CUT) {
@@ -315,7 +315,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                     rk[e] = score_key(__fsub_rn(v[e], g), i);
                 }
             }
-            const int n = find_records<PER>(zk, rk, rec_k, rec_z, rs);
+            const int n = find_records<PER_THREAD>(zk, rk, rec_k, rec_z, rs);
             if (tid < n) {
                 mine[B_REC + tid] = rec_k[tid];
                 mine[B_RZ + tid] = rec_z[tid];
@@ -325,9 +325,9 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
 
             // every block merges every block's records into the same overall records
             int pooled;
-            const int listed = tid < GRID ? (int)__ldcg(work + W_BLOCKS + tid * BLOCK_WORDS + B_NREC) : 0;
+            const int listed = tid < BLOCKS ? (int)__ldcg(work + W_BLOCKS + tid * BLOCK_WORDS + B_NREC) : 0;
             const int at = block_scan(listed, &pooled, sc);
-            if (tid < GRID) pool_at[tid] = at;
+            if (tid < BLOCKS) pool_at[tid] = at;
             __syncthreads();
             pooled = min(pooled, POOL);
             unsigned pz[POOL_PER];
@@ -338,7 +338,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 pz[e] = 0;
                 pk[e] = 0;
                 if (j < pooled) {
-                    int lo = 0, hi = GRID - 1;  // the block b with pool_at[b] <= j < pool_at[b + 1]
+                    int lo = 0, hi = BLOCKS - 1;  // the block b with pool_at[b] <= j < pool_at[b + 1]
                     while (lo < hi) {
                         const int mid = (lo + hi + 1) >> 1;
                         if (pool_at[mid] <= j) lo = mid;
@@ -353,20 +353,20 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             m = n_rec ? val_of(rec_z[n_rec - 1]) : 0.f;  // the last record holds the largest z
 
             // tokens and masses above each record's z (threshold 0: every token)
-            for (int j = tid; j <= LMAX; j += BLOCK) {
+            for (int j = tid; j <= MAX_RECORDS; j += BLOCK) {
                 above_mass[j] = 0;
                 above_count[j] = 0;
             }
             __syncthreads();
-            unsigned long long q[PER];
+            unsigned long long q[PER_THREAD];
 #pragma unroll
-            for (int e = 0; e < PER; ++e) q[e] = zk[e] ? mass_q(__fsub_rn(v[e], m)) : 0ull;
+            for (int e = 0; e < PER_THREAD; ++e) q[e] = zk[e] ? mass_q(__fsub_rn(v[e], m)) : 0ull;
             for (int j = 0; j <= n_rec; ++j) {
                 const unsigned t = j ? rec_z[j - 1] : 0u;
                 unsigned c = 0;
                 unsigned long long s = 0;
 #pragma unroll
-                for (int e = 0; e < PER; ++e) {
+                for (int e = 0; e < PER_THREAD; ++e) {
                     if (zk[e] > t) {
                         c += 1;
                         s += q[e];
@@ -388,7 +388,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __syncthreads();
     if (tid == 0) {
         __threadfence();
-        is_last = (atomicAdd(work + W_DONE, 1ull) + 1) % GRID == 0;
+        is_last = (atomicAdd(work + W_DONE, 1ull) + 1) % BLOCKS == 0;
     }
     __syncthreads();
     if (!is_last) return;
@@ -420,15 +420,15 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     const int slot = pos & S.ring_mask;
 
     if (want_lp) {
-        // log-softmax of the raw logits at the chosen token and at the TOPN largest over all blocks
+        // log-softmax of the raw logits at the chosen token and at the MAX_LOGPROBS largest over all blocks
         const double lse = (double)raw_max + log((double)__ldcg(work + W_RAW) * 0x1p-40);
         unsigned long long pk[POOL_PER];
 #pragma unroll
         for (int e = 0; e < POOL_PER; ++e) {
             const int j = e * BLOCK + tid;
-            pk[e] = j < GRID * TOPN ? __ldcg(work + W_BLOCKS + (j / TOPN) * BLOCK_WORDS + B_TOP + j % TOPN) : 0ull;
+            pk[e] = j < BLOCKS * MAX_LOGPROBS ? __ldcg(work + W_BLOCKS + (j / MAX_LOGPROBS) * BLOCK_WORDS + B_TOP + j % MAX_LOGPROBS) : 0ull;
         }
-        const int n = min(S.logprobs, TOPN);
+        const int n = min(S.logprobs, MAX_LOGPROBS);
         find_top<POOL_PER>(pk, n, top_keys, rs);
         int* out = lp_ring + slot * LP_WORDS;
         if (tid < n) {
@@ -444,7 +444,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     }
 
     // leave the accumulators zero for the next launch
-    for (int j = tid; j <= LMAX; j += BLOCK) {
+    for (int j = tid; j <= MAX_RECORDS; j += BLOCK) {
         work[W_COUNT + j] = 0;
         work[W_MASS + j] = 0;
     }

@@ -216,7 +216,7 @@ def test_context_limit_stops_and_never_writes_past_the_cache(tiny):
     st = be.device_state()
     assert st["pos"] == ctx and be.bufs.guards_intact()
     assert np.isfinite(be.step_logits()).all()
-    with pytest.raises(GDecodeError, match="context holds"):
+    with pytest.raises(GDecodeError, match="not fit the context"):
         be.start(list(range(1, ctx + 2)))
 
 

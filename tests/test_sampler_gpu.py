@@ -76,10 +76,10 @@ class Kernel:
         self.launch(None)
         self.cp.cuda.get_current_stream().synchronize()
         assert self.amax.get()[0] == 0, "the sampler resets the argmax word"
-        from kernels.ops import SAMPLE_LMAX
+        from kernels.ops import SAMPLE_MAX_RECORDS
 
         work = self.work.get()
-        assert not work[2:5].any() and not work[8 : 8 + 2 * (SAMPLE_LMAX + 1)].any(), "accumulators left zero"
+        assert not work[2:5].any() and not work[8 : 8 + 2 * (SAMPLE_MAX_RECORDS + 1)].any(), "accumulators left zero"
         out = self.state.get().view(STATE_DTYPE)[0]
         slot = pos % self.ring_size
         return {"state": out, "ring": self.ring.get()[slot], "lp": self.lp_ring.get()[slot],

@@ -81,3 +81,20 @@ def test_repeat_window():
     assert repeat_window(ids, 1, 3).tolist() == [10, 11]
     assert repeat_window(ids, 4, -1).tolist() == [10, 11, 12, 13, 14]
     assert repeat_window(ids, 4, 0).tolist() == []
+
+
+def test_sampler_shape_and_scratch():
+    from engine.sampling import MAX_LOGPROBS
+    from kernels import ops
+
+    assert ops.SAMPLE_MAX_LOGPROBS == MAX_LOGPROBS
+    assert ops.sample_shape(151936, 132) == (75, 4)
+    assert ops.sample_shape(320, 132) == (1, 1)
+    assert ops.sample_shape(262144, 132) == (128, 4)
+    blocks, per = ops.sample_shape(520000, 132)
+    assert blocks == 128 and blocks * per * ops.SAMPLE_BLOCK >= 520000
+    with pytest.raises(ValueError):
+        ops.sample_shape(10**6, 132)
+    for vocab in (320, 4097, 49152, 128256, 151936):
+        blocks, per = ops.sample_shape(vocab, 78)
+        assert blocks <= 78 and (blocks - 1) * per * ops.SAMPLE_BLOCK < vocab <= blocks * per * ops.SAMPLE_BLOCK
