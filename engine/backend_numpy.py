@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 from engine.config import ModelConfig
+from engine.errors import NonFiniteLogits
 from engine.prefix import shared_prefix
 from engine.qweights import dequantized, has_quantized, quantize_weights
 from engine.reference import ReferenceModel
@@ -46,6 +49,8 @@ class NumpyBackend:
         logits = self.model.prefill(ids[keep:])
         self.held = ids
         for step in range(max_new_tokens):
+            if not np.isfinite(logits).all():
+                raise NonFiniteLogits(step, self.name, int(np.count_nonzero(~np.isfinite(logits))))
             token = sample(logits, params, step, seed)
             yield token
             if step + 1 < max_new_tokens:
