@@ -27,10 +27,10 @@ def bench(
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="Benchmark a model directory instead."),
     tests: str = typer.Option("pp512,tg128", help="Comma list of pp512 and tg128."),
     depth: str = typer.Option("0", help="Tokens already in the KV cache, comma list (e.g. 0,2048,8192,32768)."),
-    splits: str = typer.Option("", help="ATTN_SPLITS values to sweep, comma list (default: chosen from the GPU)."),
+    splits: str = typer.Option("", help="Attention split counts to sweep, comma list (default: chosen from the GPU)."),
     no_graph: bool = typer.Option(False, "--no-graph", help="Launch the same kernels eagerly, no graph replay."),
     repeats: int = typer.Option(3, min=3, help="Timed repeats per test after warm-up; the median is shown."),
-    breakdown: bool = typer.Option(False, help="Also time each kernel kind of one decode step."),
+    breakdown: bool = typer.Option(False, help="Also time each launch kind of one decode step."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """Batch-1 prefill (pp512) and decode (tg128 at depth) speed, with achieved GB/s vs device copy bandwidth."""
@@ -62,6 +62,7 @@ def bench(
         raise GDecodeError("gdecode bench needs a CUDA GPU, and none was found")
     from engine.backend_cuda import CudaBackend
     from kernels.bandwidth import copy_bandwidth
+    from kernels.tuning import Tuning
 
     err = Console(stderr=True)
     weights = None
@@ -75,7 +76,7 @@ def bench(
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("loading", total=steps)
         for s in split_list:
-            backend = CudaBackend(cfg, weights, max_context=need, attn_splits=s, use_graph=not no_graph)
+            backend = CudaBackend(cfg, weights, max_context=need, tuning=Tuning(splits=s), use_graph=not no_graph)
             B.fill_cache(backend)
             for d in depths:
                 progress.update(task, description=f"prefilling {d} tokens of depth")

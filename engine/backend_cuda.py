@@ -3,40 +3,36 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError
+from engine.errors import GDecodeError, check_tokens
 from engine.prefix import shared_prefix
 from engine.sampling import SamplingParams
 from engine.weights import ModelWeights
+from kernels.tuning import Tuning
 
 RING = 64  # host ring slots the sampler writes into (power of two)
 IN_FLIGHT = 8  # replays queued ahead of the token being read
 
 
-def default_splits(cfg: ModelConfig) -> int:
-    """Attention splits at long contexts: one full wave, every resident attention block of every SM
-    over the kv heads (at most ops.ATTN_MAX_SPLITS). A second, partial wave would leave SMs idle
-    while it runs. Short contexts use fewer (the attention kernel derives them from nkv)."""
-    from kernels import ops
-
-    slots = ops.attn_blocks_per_sm(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads) * ops.sm_count()
-    return max(1, min(ops.ATTN_MAX_SPLITS, slots // cfg.num_kv_heads))
-
-
 class CudaBackend:
-    """Decode on the GPU: weights, KV cache and the captured step are built once, here."""
+    """Decode on the GPU: weights, KV cache and the captured step are built once, here.
+
+    weights None: random weights made on the device (benchmarks). tuning: launch shapes; its
+    splits, when None, become default_splits (self.tuning holds the value in use).
+    """
 
     name = "cuda"
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights | None, max_context: int | None = None,
-                 attn_splits: int | None = None, use_graph: bool = True, pdl: bool = True, seed: int = 0):
+                 tuning: Tuning = Tuning(), use_graph: bool = True, pdl: bool = True, seed: int = 0):
         import cupy as cp
 
         from graphs.buffers import DecodeBuffers, DeviceWeights, fit_context
-        from graphs.decode import DecodeStep
+        from graphs.decode import ATTN_MAX_SPLITS, DecodeStep, default_splits
         from graphs.prefill import Prefill
         from kernels.cuda import init, shared_stream
 
@@ -52,14 +48,18 @@ class CudaBackend:
             cp.get_default_memory_pool().free_all_blocks()
             free = cp.cuda.runtime.memGetInfo()[0]
             self.max_context = fit_context(cfg, max_context, free)
-            self.attn_splits = attn_splits or default_splits(cfg)
+            if tuning.splits is None:
+                tuning = replace(tuning, splits=default_splits(cfg, tuning))
+            if not 1 <= tuning.splits <= ATTN_MAX_SPLITS:
+                raise GDecodeError(f"attention splits must be in [1, {ATTN_MAX_SPLITS}], got {tuning.splits}")
+            self.tuning, self.attn_splits = tuning, tuning.splits
             self.bufs = DecodeBuffers(cfg, self.max_context, self.attn_splits, RING)
             try:
-                self.prefill = Prefill(cfg, self.weights, self.bufs, stream)
+                self.prefill = Prefill(cfg, self.weights, self.bufs, stream, tuning)
             except GDecodeError:
                 self.prefill = None  # a head size the prefill kernels don't cover: replay the prompt
             stream.synchronize()
-        self.step = DecodeStep(cfg, self.weights, self.bufs, stream, use_graph, pdl)
+        self.step = DecodeStep(cfg, self.weights, self.bufs, stream, tuning, use_graph, pdl)
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(RING)]
         self.held: list[int] = []  # the tokens whose K/V the cache holds at positions 0..len-1
         self.reused = 0  # prompt tokens the last generate() took from the cache
@@ -72,10 +72,7 @@ class CudaBackend:
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise GDecodeError("the prompt is empty")
-        if len(ids) > self.max_context:
-            raise GDecodeError(f"the prompt is {len(ids)} tokens but the context holds {self.max_context}")
-        if min(ids) < 0 or max(ids) >= self.cfg.vocab_size:
-            raise GDecodeError(f"token id out of range [0, {self.cfg.vocab_size})")
+        check_tokens(ids, self.cfg.vocab_size, self.max_context)
         p = params or SamplingParams(temperature=0.0)
         self.held = []
         self.stream.synchronize()

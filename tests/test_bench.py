@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engine.bench import kernel_kinds, kind_bytes
+from engine.bench import kind_bytes
 from engine.shapes import SHAPES, decode_bytes, shape
 from tests.test_cli import assert_one_line_error, gdecode
 
@@ -15,13 +15,19 @@ def test_llama3_8b_roofline_matches_peers():
 
 
 def test_breakdown_bytes_cover_the_step():
+    from graphs.decode import STEP_KINDS
+
     cfg = shape("qwen2.5-0.5b")
-    per_kind = kind_bytes(cfg, 1, 32)
-    weights = sum(per_kind[k] for k in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"))
+    per_kind = kind_bytes(cfg, 1, 32, 64)
+    assert set(per_kind) == set(STEP_KINDS), "every launch kind of the step has a byte count"
+    weights = sum(per_kind[k] for k in ("qkv_proj", "o_proj", "gate_up", "down_proj", "lm_head"))
     assert weights == pytest.approx(decode_bytes(cfg, 0), rel=1e-3)
-    assert len(kernel_kinds(cfg, 2 + 7 * cfg.num_layers + 1)) == 2 + 7 * cfg.num_layers + 1
-    with pytest.raises(RuntimeError):
-        kernel_kinds(cfg, 5)
+    # attention reads the K/V rows, plus the partials of the active splits once there is more than one
+    kv_row = 2 * 2 * cfg.kv_size * cfg.num_layers
+    one_split = kind_bytes(cfg, 64, 32, 64)["attn"]
+    assert one_split - per_kind["attn"] == 63 * kv_row
+    partials = 2 * cfg.num_heads * 2 * (cfg.head_dim + 2) * 4 * cfg.num_layers
+    assert kind_bytes(cfg, 65, 32, 64)["attn"] - one_split == kv_row + partials
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -52,4 +58,5 @@ def test_bench_json_smoke():
     assert tests == {"pp512", "tg128", "pp512@600", "tg128@600"}
     for x in out["results"]:
         assert x["tok_s"] > 0 and x["ms_per_token"] > 0
-    assert {k["kernel"] for k in out["breakdown"]} >= {"qkv_proj", "attn_partial", "lm_head", "sample"}
+    assert {k["kernel"] for k in out["breakdown"]} == {"embed", "qkv_proj", "attn", "o_proj", "gate_up", "down_proj",
+                                                       "lm_head", "sample"}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test, a short benchmark and the device copy bandwidth, with a summary table last.
-# Run from the repository root: PYTHONPATH=. bash scripts/gpu_check.sh
+# Run from the repository root: PYTHONPATH=. bash dev/gpu_check.sh
 # It never stops at the first failure; full logs go to $OUT/gpu_check (or /tmp/gpu_check).
 set -u
 cd "$(dirname "$0")/.." || exit 1
