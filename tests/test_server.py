@@ -233,6 +233,14 @@ def test_sampler_options(server):
     status, body, _ = server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "top_k": 5,
                                                            "seed": 3, "temperature": 0.7})
     assert status == 200, body
+    status, body, _ = server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "logprobs": True,
+                                                           "top_logprobs": 3})
+    if status == 400:
+        assert "not supported by this build" in body["error"]["message"]
+    else:
+        assert status == 200 and body["choices"][0]["logprobs"]["content"], body
+    status, body, _ = server.post("/v1/chat/completions", {"messages": msgs, "top_logprobs": 30, "logprobs": True})
+    assert status == 400 and body["error"]["param"] == "top_logprobs"
 
 
 def test_concurrent_clients(server):
