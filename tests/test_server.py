@@ -332,7 +332,7 @@ def test_graceful_shutdown_ends_running_stream(tmp_path):
         code = s.stop()
     assert code == 0
     assert_clean_log(s.log())
-    assert "request 1 abort" in s.log()
+    assert "request 1 stopped by shutdown" in s.log()
 
 
 BAD_BODIES = [
@@ -411,3 +411,15 @@ def test_soak_200_requests_from_8_clients(server):
     assert_clean_log(server.log())
     # memory is flat: what the last 150 requests added over the first 50 is small
     assert rss[200] - rss[50] < 32 * 1024, rss
+
+
+def test_serve_command_errors_are_one_line(tmp_path, server):
+    from tests.test_cli import assert_one_line_error
+
+    def serve(*args):
+        return subprocess.run(gdecode_cmd("serve", "--backend", "numpy", *args), cwd=ROOT, env=ENV,
+                              capture_output=True, text=True, timeout=120)
+
+    assert_one_line_error(serve("--model", tmp_path / "nope", "--port", "0"), "not found")
+    assert_one_line_error(serve("--model", tmp_path / "nope", "--port", str(server.port)), "cannot listen")
+    assert_one_line_error(serve("--log-level", "loud"), "log-level")
