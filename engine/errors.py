@@ -6,12 +6,13 @@ class GDecodeError(Exception):
 
 
 class NonFiniteLogits(GDecodeError):
-    """The logits of a decode step hold NaN or Inf (after penalties and temperature)."""
+    """The logits of a step hold NaN or Inf: the weights or the arithmetic went wrong, so no token is sampled."""
 
-    def __init__(self, step: int, backend: str):
-        super().__init__(f"the logits of generated token {step} hold NaN or Inf ({backend} backend): "
-                         "the model's weights or activations are not finite")
+    def __init__(self, step: int, backend: str, count: int | None = None):
         self.step, self.backend = step, backend
+        what = f"{count} non-finite values (NaN or Inf)" if count else "non-finite values (NaN or Inf)"
+        super().__init__(f"the logits of generation step {step} on the {backend} backend hold {what}: "
+                         "the weights hold NaN/Inf or the activations overflowed")
 
 
 def check_tokens(ids, vocab_size: int, max_context: int, start: int = 0) -> None:

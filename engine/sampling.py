@@ -272,13 +272,12 @@ def sample(logits: np.ndarray, params: SamplingParams, step: int, seed: int, *, 
     not all finite. The same arguments always give the same token.
     """
     lg = penalize(logits, params, window, counts)
+    z = lg if params.greedy else lg / np.float32(params.temperature)
+    bad = np.count_nonzero(~np.isfinite(z))
+    if bad:
+        raise NonFiniteLogits(step, "numpy", bad)
     if params.greedy:
-        if not np.isfinite(lg).all():
-            raise NonFiniteLogits(step, "numpy")
-        return int(np.argmax(lg))
-    z = lg / np.float32(params.temperature)
-    if not np.isfinite(z).all():
-        raise NonFiniteLogits(step, "numpy")
+        return int(np.argmax(z))
     m = np.float32(z.max() + np.float32(0))
     cand = np.flatnonzero(z >= m - CUT)
     s = gumbel_scores(z[cand], cand, seed, step)

@@ -288,7 +288,7 @@ def test_nan_logits_raise_with_the_step(tiny):
     bad = ModelWeights(w.embed, w.layers, w.final_norm, head)
     be = _backend(cfg, bad, max_context=64)
     for params in (SamplingParams(temperature=0, seed=1), SamplingParams(seed=1)):
-        with pytest.raises(NonFiniteLogits, match="token 0 .*cuda backend"):
+        with pytest.raises(NonFiniteLogits, match="step 0 on the cuda backend"):
             list(be.generate(PROMPT, params, 8))
         assert be.device_state()["flags"] & STATE_NONFINITE
     assert len(list(_backend(cfg, w, max_context=64).generate(PROMPT, SamplingParams(seed=1), 8))) == 8
