@@ -69,13 +69,19 @@ def _tidy_help(cmd, default_model) -> None:
     ctx = click.Context(cmd, info_name=cmd.name, help_option_names=HELP_NAMES)
     params = [*cmd.params, cmd.get_help_option(ctx)]
     for p in params:
-        if p is None or p.metavar is not None:
+        if p is None:
             continue
-        if getattr(p, "is_flag", False):
+        elem = get_args(getattr(getattr(p, "type_descriptor", None), "annotation", None))
+        label = f"<{getattr(elem[0], '__name__', 'text').lower()}>" if elem else None
+        if getattr(p, "is_flag", False) and p.metavar is None:
             p.metavar = ""
-        elif getattr(p, "multiple", False):
-            elem = get_args(getattr(getattr(p, "type_descriptor", None), "annotation", None))
-            p.metavar = f"<{getattr(elem[0], '__name__', 'text').lower()}>" if elem else "<text>"
+        elif label and p.param_type_name == "option" and p.metavar is None:
+            p.metavar = label
+        elif label:  # an argument shows its type whatever its metavar
+            p.display_type_rich = lambda ctx, label=label: label
+        elif p.metavar is None and (getattr(p, "min", None) is not None or getattr(p, "max", None) is not None):
+            kind = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+            p.metavar = f"<{getattr(kind, '__name__', 'number')}>"  # not "<int range>": the range follows it
         if getattr(p, "default", None) == default_model and p.show_default is True:
             p.show_default = DEFAULT_MODEL_NAME
     for sub in subs.values():

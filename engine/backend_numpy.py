@@ -37,7 +37,8 @@ class NumpyBackend:
         self.reused = keep
         self.held = ids[:keep]
         self.model.pos = keep
-        logits = self.model.prefill(ids[keep:])
+        with np.errstate(all="ignore"):  # NaN/Inf are reported below, by step
+            logits = self.model.prefill(ids[keep:])
         self.held = ids
         for step in range(max_new_tokens):
             if not np.isfinite(logits).all():
@@ -45,5 +46,6 @@ class NumpyBackend:
             token = sample(logits, params, step, seed)
             yield token
             if step + 1 < max_new_tokens:
-                logits = self.model.decode(token)
+                with np.errstate(all="ignore"):
+                    logits = self.model.decode(token)
                 self.held.append(token)
