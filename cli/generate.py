@@ -69,7 +69,7 @@ def _write(piece: str) -> None:
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="The prompt text, or - to read it from standard input."),
-    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory."),
+    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
     max_new_tokens: int = typer.Option(_P.max_new_tokens, "--max-new-tokens", "-n",
                                        help="Generate at most this many tokens (>= 1)."),
     temperature: float = typer.Option(_P.temperature, help="0 means greedy."),
@@ -85,6 +85,7 @@ def generate(
     max_context: Optional[int] = typer.Option(None, help="KV-cache length, at most the model's limit "
                                                          "(default: the model's limit; numpy caps it at 8192)."),
     no_graph: bool = typer.Option(False, "--no-graph", help="Launch the decode kernels eagerly (CUDA)."),
+    quantize: Optional[str] = typer.Option(None, help="Quantize a bf16/fp16/fp32 model at load: q8_0 | q4_0."),
 ):
     """Generate text from PROMPT, streaming it to stdout; speed goes to stderr.
 
@@ -96,7 +97,7 @@ def generate(
                             max_new_tokens=max_new_tokens, stop=stops)
     if system is not None:
         system = _valid_text(system, "--system")
-    llm = LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph)
+    llm = LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph, quantize=quantize)
     prompt = _read_stdin(llm.max_prompt_bytes) if prompt == "-" else _valid_text(prompt, "the prompt")
     pieces = llm.generate(prompt, params, chat=chat, system=system)
     try:

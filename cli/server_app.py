@@ -29,6 +29,7 @@ from engine.serving import (
 )
 
 MAX_BODY = 10 * 2**20
+DRAIN_MAX = 64 * 2**20
 RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.25
 WEB = Path(__file__).resolve().parent / "web"
@@ -59,15 +60,21 @@ def error_response(e: ApiError) -> JSONResponse:
 
 async def read_json(request: HttpRequest) -> object:
     """The body as JSON; 413 past MAX_BODY bytes, 400 when it does not parse."""
-    too_big = ApiError(413, f"the request body is larger than {MAX_BODY // 2**20} MB", code="request_too_large")
     length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > MAX_BODY:
-        raise too_big
-    body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > MAX_BODY:
-            raise too_big
+    body, seen = bytearray(), 0
+    if not (length.isdigit() and int(length) > MAX_BODY):
+        async for part in request.stream():
+            body += part
+            if len(body) > MAX_BODY:
+                seen = len(body)
+                break
+    if seen or length.isdigit() and int(length) > MAX_BODY:
+        # read (and drop) the rest, up to a point, so that the client gets to read the answer
+        async for part in request.stream():
+            seen += len(part)
+            if seen > DRAIN_MAX:
+                break
+        raise ApiError(413, f"the request body is larger than {MAX_BODY // 2**20} MB", code="request_too_large")
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:

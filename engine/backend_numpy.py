@@ -9,6 +9,7 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.errors import NonFiniteLogits
 from engine.prefix import shared_prefix
+from engine.qweights import dequantized, has_quantized, quantize_weights
 from engine.reference import ReferenceModel
 from engine.sampling import SamplingParams, sample
 from engine.weights import ModelWeights
@@ -20,7 +21,15 @@ DEFAULT_MAX_CONTEXT = 8192
 class NumpyBackend:
     name = "numpy"
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, max_context: int | None = None):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, max_context: int | None = None,
+                 quantize: str | None = None):
+        """quantize (q8_0 | q4_0): quantize every matrix of dense weights at load, then compute with the
+        dequantized values, as the CUDA backend multiplies by them. Quantized weights (a GGUF's) are
+        dequantized to float32 here; pass them through engine.qweights.dequantized first to round to bf16."""
+        if quantize is not None:
+            weights = dequantized(quantize_weights(weights, quantize), round_bf16=False)
+        elif has_quantized(weights):
+            weights = dequantized(weights, round_bf16=False)
         self.cfg = cfg
         self.max_context = max_context or min(cfg.max_position_embeddings, DEFAULT_MAX_CONTEXT)
         self.model = ReferenceModel(cfg, weights, self.max_context)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
+from engine.loader import load_model
 from engine.sampling import SamplingParams
-from engine.tokenizer import StreamDecoder, Tokenizer
-from engine.weights import load_weights
+from engine.tokenizer import StreamDecoder
 
 DEFAULT_MODEL_NAME = "models/smollm2-135m-instruct"  # in the repository; what the help shows
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / DEFAULT_MODEL_NAME
@@ -42,21 +42,32 @@ class LLM:
 
     def __init__(self, model_dir: str | Path = DEFAULT_MODEL, backend: str = "auto",
                  max_context: int | None = None, use_graph: bool = True,
-                 notice: Callable[[str], None] = _stderr):
+                 notice: Callable[[str], None] = _stderr, quantize: str | None = None):
         if backend not in BACKENDS:
             raise GDecodeError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
         model_dir = Path(model_dir)
         if not model_dir.exists() and model_dir == DEFAULT_MODEL:
-            raise GDecodeError(f"default model not found at {model_dir}: run `make model` or pass --model DIR")
+            raise GDecodeError(f"default model not found at {model_dir}: run `make model` or pass --model PATH")
         if max_context is not None and max_context < 2:
             raise GDecodeError(f"--max-context must be at least 2, got {max_context}")
-        self.cfg = ModelConfig.from_dir(model_dir)
+        if quantize is not None:
+            from engine.loader import stored_quantization
+            from engine.qweights import check_format, check_quantize
+
+            check_format(quantize)
+            already = stored_quantization(model_dir)
+            if already:
+                raise GDecodeError(f"--quantize {quantize}: {model_dir} is already quantized ({already}); "
+                                   "--quantize applies to bf16, fp16 and fp32 models")
+        loaded = load_model(model_dir)
+        self.cfg, self.tokenizer, weights = loaded.cfg, loaded.tokenizer, loaded.weights
         limit = self.cfg.max_position_embeddings
         if max_context is not None and max_context > limit:
             raise GDecodeError(f"--max-context {max_context} is above the model's limit of {limit} positions "
                                "(max_position_embeddings, capped by any sliding window)")
-        self.tokenizer = Tokenizer.from_dir(model_dir, self.cfg)
-        weights = load_weights(model_dir, self.cfg)
+        if quantize is not None:
+            check_quantize(weights, quantize, str(model_dir))
+        self.quantize, self.gguf = quantize, loaded.gguf
         self.backend = self._make_backend(backend, weights, max_context, use_graph, notice)
         self.stats = GenerationStats()
 
@@ -67,14 +78,19 @@ class LLM:
             if gpu_available():
                 from engine.backend_cuda import CudaBackend
 
-                return CudaBackend(self.cfg, weights, max_context=max_context, use_graph=use_graph)
+                quant = {"quantize": self.quantize} if self.quantize else {}
+                return CudaBackend(self.cfg, weights, max_context=max_context, use_graph=use_graph, **quant)
             if backend == "cuda":
                 raise GDecodeError("--backend cuda: no CUDA GPU found")
             notice("no CUDA GPU found: using the numpy backend")
         from engine.backend_numpy import DEFAULT_MAX_CONTEXT, NumpyBackend
 
+        if self.gguf:
+            from engine.qweights import dequantized
+
+            weights = dequantized(weights)  # the bf16 values import-gguf writes
         _check_host_memory(self.cfg, max_context or min(self.cfg.max_position_embeddings, DEFAULT_MAX_CONTEXT))
-        return NumpyBackend(self.cfg, weights, max_context=max_context)
+        return NumpyBackend(self.cfg, weights, max_context=max_context, quantize=self.quantize)
 
     @property
     def max_context(self) -> int:

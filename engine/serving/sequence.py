@@ -45,7 +45,7 @@ class Sequence:
         self.cached = 0
         self.t_first = self.t_last = 0.0
         self.done = False
-        self.reason = ""
+        self.note = ""  # how it ended, for the log
 
     def step(self) -> None:
         """Run one token and emit it; emit Finished (and set done) when the request ends."""
@@ -68,7 +68,8 @@ class Sequence:
         """End the request (reason: stop | length | abort), emitting any text still held back."""
         if self.done:
             return
-        self.done, self.reason = True, reason
+        self.done = True
+        self.note = self.note or reason
         self.tokens.close()
         if flush:
             text, _ = self.stops.push(self.decoder.flush(), final=True)
