@@ -19,7 +19,7 @@ from engine.tokenizer import Tokenizer
 from tests.test_cli import ROOT, assert_one_line_error, gdecode, reference_greedy
 from tests.tiny import make_tiny_model
 
-COMMANDS = ["generate", "info", "import-gguf", "kernels", "bench", "serve"]
+COMMANDS = ["generate", "chat", "info", "import-gguf", "kernels", "bench", "serve"]
 
 
 @pytest.fixture(scope="module")
