@@ -69,7 +69,7 @@ def run_server(engine: ServingEngine, model_id: str, host: str, port: int) -> No
 
 @app.command()
 def serve(
-    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory."),
+    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8000, min=0, max=65535, help="Port to listen on."),
     backend: str = typer.Option("auto", help="auto | cuda | numpy"),
@@ -78,12 +78,14 @@ def serve(
     model_name: Optional[str] = typer.Option(None, help="The model id the API shows (default: the folder name)."),
     no_graph: bool = typer.Option(False, "--no-graph", help="Launch the decode kernels eagerly (CUDA)."),
     log_level: str = typer.Option("info", help="debug | info | warning | error"),
+    quantize: Optional[str] = typer.Option(None, help="Quantize a bf16/fp16/fp32 model at load: q8_0 | q4_0."),
 ):
     """Serve the model over an OpenAI-compatible HTTP API (and a chat page at /)."""
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise GDecodeError(f"unknown --log-level {log_level!r}")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph),
+    engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph,
+                                       quantize=quantize),
                            max_waiting=max_queue)
     run_server(engine, model_name or Path(model).resolve().name, host, port)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 from engine.config import ModelConfig
+from engine.errors import NonFiniteLogits
 from engine.prefix import shared_prefix
+from engine.qweights import dequantized, has_quantized, quantize_weights
 from engine.reference import ReferenceModel
 from engine.sampling import SamplingParams, sample
 from engine.weights import ModelWeights
@@ -17,7 +21,15 @@ DEFAULT_MAX_CONTEXT = 8192
 class NumpyBackend:
     name = "numpy"
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, max_context: int | None = None):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, max_context: int | None = None,
+                 quantize: str | None = None):
+        """quantize (q8_0 | q4_0): quantize every matrix of dense weights at load, then compute with the
+        dequantized values, as the CUDA backend multiplies by them. Quantized weights (a GGUF's) are
+        dequantized to float32 here; pass them through engine.qweights.dequantized first to round to bf16."""
+        if quantize is not None:
+            weights = dequantized(quantize_weights(weights, quantize), round_bf16=False)
+        elif has_quantized(weights):
+            weights = dequantized(weights, round_bf16=False)
         self.cfg = cfg
         self.max_context = max_context or min(cfg.max_position_embeddings, DEFAULT_MAX_CONTEXT)
         self.model = ReferenceModel(cfg, weights, self.max_context)
@@ -37,6 +49,8 @@ class NumpyBackend:
         logits = self.model.prefill(ids[keep:])
         self.held = ids
         for step in range(max_new_tokens):
+            if not np.isfinite(logits).all():
+                raise NonFiniteLogits(step, self.name, int(np.count_nonzero(~np.isfinite(logits))))
             token = sample(logits, params, step, seed)
             yield token
             if step + 1 < max_new_tokens:
