@@ -34,7 +34,7 @@ lint:
 
 # one device call: every GPU test, then a short benchmark table
 gpu-check:
-	bash scripts/gpu_check.sh
+	bash dev/gpu_check.sh
 
 clean:
 	rm -rf build .pytest_cache

@@ -24,13 +24,13 @@ def _ints(text: str, what: str) -> list[int]:
 @app.command()
 def bench(
     shape: str = typer.Option("llama3-8b", help="Named model shape with random bf16 weights made on the device."),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="Benchmark a model directory instead."),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="Benchmark a model folder or .gguf file."),
     tests: str = typer.Option("pp512,tg128", help="Comma list of pp512 and tg128."),
     depth: str = typer.Option("0", help="Tokens already in the KV cache, comma list (e.g. 0,2048,8192,32768)."),
-    splits: str = typer.Option("", help="ATTN_SPLITS values to sweep, comma list (default: chosen from the GPU)."),
+    splits: str = typer.Option("", help="Attention split counts to sweep, comma list (default: chosen from the GPU)."),
     no_graph: bool = typer.Option(False, "--no-graph", help="Launch the same kernels eagerly, no graph replay."),
     repeats: int = typer.Option(3, min=3, help="Timed repeats per test after warm-up; the median is shown."),
-    breakdown: bool = typer.Option(False, help="Also time each kernel kind of one decode step."),
+    breakdown: bool = typer.Option(False, help="Also time each launch kind of one decode step."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """Batch-1 prefill (pp512) and decode (tg128 at depth) speed, with achieved GB/s vs device copy bandwidth."""
@@ -39,7 +39,7 @@ def bench(
     from rich.table import Table
 
     from engine import bench as B
-    from engine.config import ModelConfig
+    from engine.loader import load_config
     from engine.shapes import shape as named_shape
 
     wanted = [t.strip() for t in tests.split(",") if t.strip()]
@@ -50,7 +50,7 @@ def bench(
     split_list = _ints(splits, "--splits") or [None]
     if any(s is not None and s < 1 for s in split_list):
         raise GDecodeError("--splits: values must be at least 1")
-    cfg = ModelConfig.from_dir(model) if model is not None else named_shape(shape)
+    cfg = load_config(model) if model is not None else named_shape(shape)
     need = max(depths) + B.PP_TOKENS + B.TG_TOKENS + B.WARMUP + 1
     if need > cfg.max_position_embeddings:
         raise GDecodeError(f"--depth {max(depths)} leaves no room for the test in the model's context of "
@@ -62,20 +62,21 @@ def bench(
         raise GDecodeError("gdecode bench needs a CUDA GPU, and none was found")
     from engine.backend_cuda import CudaBackend
     from kernels.bandwidth import copy_bandwidth
+    from kernels.tuning import Tuning
 
     err = Console(stderr=True)
     weights = None
     if model is not None:
-        from engine.weights import load_weights
+        from engine.loader import load_model
 
-        weights = load_weights(model, cfg)
+        weights = load_model(model, tokenizer=False).weights
     copy_gbs = copy_bandwidth(4 << 30, 10)
     results, kinds = [], []
     steps = len(split_list) * len(depths) * len(wanted)
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("loading", total=steps)
         for s in split_list:
-            backend = CudaBackend(cfg, weights, max_context=need, attn_splits=s, use_graph=not no_graph)
+            backend = CudaBackend(cfg, weights, max_context=need, tuning=Tuning(splits=s), use_graph=not no_graph)
             B.fill_cache(backend)
             for d in depths:
                 progress.update(task, description=f"prefilling {d} tokens of depth")

@@ -2,7 +2,7 @@
 
 import importlib
 
-for _name in ("generate", "info", "gguf", "kernels", "bench"):
+for _name in ("generate", "info", "gguf", "kernels", "bench", "serve", "chat"):
     try:
         importlib.import_module(f"cli.{_name}")
     except ModuleNotFoundError as e:

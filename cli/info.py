@@ -5,9 +5,9 @@ from pathlib import Path
 import typer
 
 from cli.main import app
-from engine.config import ModelConfig
 from engine.llm import DEFAULT_MODEL
-from engine.weights import checkpoint_bytes, load_weights, weight_arrays
+from engine.loader import load_model
+from engine.qweights import device_bytes, elements, stored_bytes
 
 
 def _gb(n: int) -> str:
@@ -15,11 +15,14 @@ def _gb(n: int) -> str:
 
 
 @app.command()
-def info(model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory.")):
-    """Print a model's architecture, size and KV-cache cost per token."""
-    cfg = ModelConfig.from_dir(model)
-    w = load_weights(model, cfg)
-    params = sum(a.size for a in weight_arrays(w))
+def info(
+    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
+):
+    """Print a model's architecture, size and KV-cache cost per token (for a GGUF: its tensor types)."""
+    m = load_model(model, tokenizer=False)
+    cfg, w = m.cfg, m.weights
+    params = elements(w)
+    stored = f"{_gb(stored_bytes(w))} as stored" + ("" if m.gguf else f" ({w.embed.dtype})")
     rows = [
         ("architecture", f"{cfg.arch} ({cfg.num_layers} layers, hidden {cfg.hidden_size}, "
                          f"ffn {cfg.intermediate_size})"),
@@ -28,9 +31,12 @@ def info(model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Huggin
         ("context", f"{cfg.max_position_embeddings} tokens, rope theta {cfg.rope_theta:g}"
          + (" (llama3 scaling)" if cfg.rope_scaling else "")),
         ("parameters", f"{params:,} ({params / 1e6:.1f} M)"),
-        ("weight bytes", f"{_gb(checkpoint_bytes(w))} as stored ({w.embed.dtype}); "
-         f"{_gb(2 * params)} in bf16"),
+        ("weight bytes", f"{stored}; {_gb(2 * params)} in bf16"),
+        ("on the device", f"{_gb(device_bytes(w))} ({8 * device_bytes(w) / params:.2f} bits per weight)"),
         ("KV bytes per token", f"{cfg.kv_bytes_per_token(2):,} (bf16)"),
     ]
+    if m.tensor_types:
+        for name, (count, size) in m.tensor_types.items():
+            rows.append((name, f"{count} tensor{'s' if count > 1 else ''}, {_gb(size)}"))
     for k, v in rows:
         typer.echo(f"{k:>20}: {v}")

@@ -3,39 +3,36 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError
+from engine.errors import GDecodeError, check_tokens
+from engine.prefix import shared_prefix
 from engine.sampling import SamplingParams
 from engine.weights import ModelWeights
+from kernels.tuning import Tuning
 
 RING = 64  # host ring slots the sampler writes into (power of two)
 IN_FLIGHT = 8  # replays queued ahead of the token being read
 
 
-def default_splits(cfg: ModelConfig) -> int:
-    """Attention splits at long contexts: one full wave, every resident attention block of every SM
-    over the kv heads (at most ops.ATTN_MAX_SPLITS). A second, partial wave would leave SMs idle
-    while it runs. Short contexts use fewer (the attention kernel derives them from nkv)."""
-    from kernels import ops
-
-    slots = ops.attn_blocks_per_sm(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads) * ops.sm_count()
-    return max(1, min(ops.ATTN_MAX_SPLITS, slots // cfg.num_kv_heads))
-
-
 class CudaBackend:
-    """Decode on the GPU: weights, KV cache and the captured step are built once, here."""
+    """Decode on the GPU: weights, KV cache and the captured step are built once, here.
+
+    weights None: random weights made on the device (benchmarks). tuning: launch shapes; its
+    splits, when None, become default_splits (self.tuning holds the value in use).
+    """
 
     name = "cuda"
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights | None, max_context: int | None = None,
-                 attn_splits: int | None = None, use_graph: bool = True, pdl: bool = True, seed: int = 0):
+                 tuning: Tuning = Tuning(), use_graph: bool = True, pdl: bool = True, seed: int = 0):
         import cupy as cp
 
         from graphs.buffers import DecodeBuffers, DeviceWeights, fit_context
-        from graphs.decode import DecodeStep
+        from graphs.decode import ATTN_MAX_SPLITS, DecodeStep, default_splits
         from graphs.prefill import Prefill
         from kernels.cuda import init, shared_stream
 
@@ -51,32 +48,37 @@ class CudaBackend:
             cp.get_default_memory_pool().free_all_blocks()
             free = cp.cuda.runtime.memGetInfo()[0]
             self.max_context = fit_context(cfg, max_context, free)
-            self.attn_splits = attn_splits or default_splits(cfg)
+            if tuning.splits is None:
+                tuning = replace(tuning, splits=default_splits(cfg, tuning))
+            if not 1 <= tuning.splits <= ATTN_MAX_SPLITS:
+                raise GDecodeError(f"attention splits must be in [1, {ATTN_MAX_SPLITS}], got {tuning.splits}")
+            self.tuning, self.attn_splits = tuning, tuning.splits
             self.bufs = DecodeBuffers(cfg, self.max_context, self.attn_splits, RING)
             try:
-                self.prefill = Prefill(cfg, self.weights, self.bufs, stream)
+                self.prefill = Prefill(cfg, self.weights, self.bufs, stream, tuning)
             except GDecodeError:
                 self.prefill = None  # a head size the prefill kernels don't cover: replay the prompt
             stream.synchronize()
-        self.step = DecodeStep(cfg, self.weights, self.bufs, stream, use_graph, pdl)
+        self.step = DecodeStep(cfg, self.weights, self.bufs, stream, tuning, use_graph, pdl)
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(RING)]
+        self.held: list[int] = []  # the tokens whose K/V the cache holds at positions 0..len-1
+        self.reused = 0  # prompt tokens the last generate() took from the cache
 
-    def start(self, prompt_ids, params: SamplingParams | None = None, seed: int = 0, prefill: bool = False) -> int:
+    def start(self, prompt_ids, params: SamplingParams | None = None, seed: int = 0, prefill: bool = False,
+              keep: int = 0) -> int:
         """Load a prompt and sampling parameters into the device state (position 0); with prefill,
-        the first n-1 prompt tokens go through the batched prefill and the state points at the last.
-        Returns the position the next replay runs."""
+        prompt tokens keep..n-2 go through the batched prefill (the cache already holds 0..keep-1)
+        and the state points at the last. Returns the position the next replay runs."""
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise GDecodeError("the prompt is empty")
-        if len(ids) > self.max_context:
-            raise GDecodeError(f"the prompt is {len(ids)} tokens but the context holds {self.max_context}")
-        if min(ids) < 0 or max(ids) >= self.cfg.vocab_size:
-            raise GDecodeError(f"token id out of range [0, {self.cfg.vocab_size})")
+        check_tokens(ids, self.cfg.vocab_size, self.max_context)
         p = params or SamplingParams(temperature=0.0)
+        self.held = []
         self.stream.synchronize()
         self.bufs.write_state(self.stream, ids, p.temperature, p.top_k, p.top_p, seed)
         if prefill and self.prefill is not None and len(ids) > 1:
-            self.prefill.ready(ids)
+            self.prefill.ready(ids, start=keep)
             return len(ids) - 1
         return 0
 
@@ -94,16 +96,22 @@ class CudaBackend:
         self.stream.synchronize()
         return self.bufs.read_state()
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int) -> Iterator[int]:
+    def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
+                 reuse: bool = False) -> Iterator[int]:
         """Yield up to max_new_tokens sampled ids; stops early at the context limit.
 
         The first n-1 prompt tokens are prefilled in batch; the first replay runs the last prompt
         token at position n-1 and samples. Up to IN_FLIGHT replays are queued ahead of the token
-        being read from the host ring.
+        being read from the host ring. With reuse (and the batched prefill), the prompt's longest
+        prefix that the cache already holds is not prefilled again.
         """
-        n = len(prompt_ids)
-        issued = self.start(prompt_ids, params, params.seed or 0, prefill=True)
+        ids = [int(t) for t in prompt_ids]
+        n = len(ids)
+        keep = shared_prefix(self.held, ids) if reuse and self.prefill is not None else 0
+        self.reused = keep
+        issued = self.start(ids, params, params.seed or 0, prefill=True, keep=keep)
         end = min(n - 1 + max_new_tokens, self.max_context)
+        out: list[int] = []
         try:
             for j in range(n - 1, end):
                 while issued < end and issued <= j + IN_FLIGHT:
@@ -111,6 +119,9 @@ class CudaBackend:
                     self._events[issued % RING].record(self.stream)
                     issued += 1
                 self._events[j % RING].synchronize()
-                yield int(self.bufs.ring[j % RING])
+                out.append(int(self.bufs.ring[j % RING]))
+                yield out[-1]
         finally:
             self.stream.synchronize()
+            # replays ran positions up to issued-1; the token at position n+i is out[i]
+            self.held = (ids + out)[:issued]

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 from engine.config import ModelConfig
+from engine.errors import NonFiniteLogits
+from engine.prefix import shared_prefix
+from engine.qweights import dequantized, has_quantized, quantize_weights
 from engine.reference import ReferenceModel
 from engine.sampling import SamplingParams, sample
 from engine.weights import ModelWeights
@@ -16,17 +21,38 @@ DEFAULT_MAX_CONTEXT = 8192
 class NumpyBackend:
     name = "numpy"
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, max_context: int | None = None):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, max_context: int | None = None,
+                 quantize: str | None = None):
+        """quantize (q8_0 | q4_0): quantize every matrix of dense weights at load, then compute with the
+        dequantized values, as the CUDA backend multiplies by them. Quantized weights (a GGUF's) are
+        dequantized to float32 here; pass them through engine.qweights.dequantized first to round to bf16."""
+        if quantize is not None:
+            weights = dequantized(quantize_weights(weights, quantize), round_bf16=False)
+        elif has_quantized(weights):
+            weights = dequantized(weights, round_bf16=False)
         self.cfg = cfg
         self.max_context = max_context or min(cfg.max_position_embeddings, DEFAULT_MAX_CONTEXT)
         self.model = ReferenceModel(cfg, weights, self.max_context)
+        self.held: list[int] = []  # the tokens whose K/V the cache holds at positions 0..len-1
+        self.reused = 0  # prompt tokens the last generate() took from the cache
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int) -> Iterator[int]:
+    def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
+                 reuse: bool = False) -> Iterator[int]:
+        """Yield up to max_new_tokens sampled ids. With reuse, the prompt's longest prefix that the
+        cache already holds (all but its last token at most) is not prefilled again."""
         seed = params.seed or 0
-        self.model.reset()
-        logits = self.model.prefill(prompt_ids)
+        ids = [int(t) for t in prompt_ids]
+        keep = shared_prefix(self.held, ids) if reuse else 0
+        self.reused = keep
+        self.held = ids[:keep]
+        self.model.pos = keep
+        logits = self.model.prefill(ids[keep:])
+        self.held = ids
         for step in range(max_new_tokens):
+            if not np.isfinite(logits).all():
+                raise NonFiniteLogits(step, self.name, int(np.count_nonzero(~np.isfinite(logits))))
             token = sample(logits, params, step, seed)
             yield token
             if step + 1 < max_new_tokens:
                 logits = self.model.decode(token)
+                self.held.append(token)

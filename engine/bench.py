@@ -10,18 +10,12 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.shapes import decode_bytes
+from graphs.decode import Launches
+from kernels.numerics import active_splits
 
 TG_TOKENS = 128
 PP_TOKENS = 512
 WARMUP = 8
-# per layer, in the order graphs.decode.step_launches emits them, by launches per layer: the fused
-# step (RoPE and the K/V append in qkv_proj, the combine in attn_partial), with a separate
-# rope_kv_append for per-head q/k norms, and the unfused step
-LAYER_KINDS = {
-    5: ("qkv_proj", "attn_partial", "o_proj", "gate_up_proj", "down_proj"),
-    6: ("qkv_proj", "rope_kv_append", "attn_partial", "o_proj", "gate_up_proj", "down_proj"),
-    7: ("qkv_proj", "rope_kv_append", "attn_partial", "attn_combine", "o_proj", "gate_up_proj", "down_proj"),
-}
 
 
 @dataclass
@@ -59,11 +53,7 @@ class Timer:
 
 def fill_cache(backend, seed: int = 1) -> None:
     """Random K/V everywhere, so attention at depth reads real-looking values."""
-    from kernels import ops
-
-    b = backend.bufs
-    ops.fill_bf16(b.k_cache, seed, 1.0, stream=backend.stream)
-    ops.fill_bf16(b.v_cache, seed + 1, 1.0, stream=backend.stream)
+    backend.bufs.fill_cache_random(seed, backend.stream)
     backend.stream.synchronize()
 
 
@@ -145,30 +135,19 @@ def bench_pp(backend, depth: int, repeats: int) -> Result:
     return Result(name, mode, backend.attn_splits, PP_TOKENS / (ms * 1e-3), ms / PP_TOKENS, None, None)
 
 
-def kernel_kinds(cfg: ModelConfig, n_launches: int) -> list[str]:
-    per_layer, rest = divmod(n_launches - 3, cfg.num_layers)
-    if rest or per_layer not in LAYER_KINDS:
-        raise RuntimeError(f"decode step has {n_launches} launches, breakdown expects 3 + "
-                           f"({' or '.join(map(str, LAYER_KINDS))}) x {cfg.num_layers}")
-    return ["embed"] + list(LAYER_KINDS[per_layer]) * cfg.num_layers + ["lm_head", "sample"]
-
-
-def kind_bytes(cfg: ModelConfig, nkv: int, splits: int) -> dict[str, int]:
-    """Bytes each kernel kind reads + writes per step (summed over layers)."""
+def kind_bytes(cfg: ModelConfig, n_cached: int, splits: int, min_chunk: int) -> dict[str, int]:
+    """Bytes each launch kind of the step reads + writes (summed over layers), with n_cached cache rows."""
     h, q, kv, i, L = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.num_layers
-    from kernels.ops import ATTN_MIN_CHUNK
-
-    # partials of the splits in use (the fused attention derives their count from nkv)
-    part = cfg.num_heads * splits * (cfg.head_dim + 2) * 4
-    fused_part = cfg.num_heads * min(splits, -(-nkv // ATTN_MIN_CHUNK)) * (cfg.head_dim + 2) * 4
+    active = active_splits(n_cached, splits, min_chunk)
+    # the partials of the active splits, written and read back by the merging block (none for one split)
+    partials = 0 if active == 1 else 2 * cfg.num_heads * active * (cfg.head_dim + 2) * 4
     return {
         "embed": 2 * h + 4 * h,
         "qkv_proj": L * (2 * (q + 2 * kv) * h + 4 * (q + 2 * kv)),
         "rope_kv_append": L * (4 * (q + 2 * kv) + 2 * 2 * kv),
-        "attn_partial": L * (2 * 2 * kv * nkv + 4 * q + 2 * fused_part + 4 * q),
-        "attn_combine": L * (part + 4 * q),
+        "attn": L * (2 * 2 * kv * n_cached + 4 * q + partials + 4 * q),
         "o_proj": L * 2 * h * q,
-        "gate_up_proj": L * 2 * 2 * i * h,
+        "gate_up": L * 2 * 2 * i * h,
         "down_proj": L * 2 * h * i,
         "lm_head": 2 * cfg.vocab_size * h + 4 * cfg.vocab_size,
         "sample": 8 * cfg.vocab_size,
@@ -176,12 +155,13 @@ def kind_bytes(cfg: ModelConfig, nkv: int, splits: int) -> dict[str, int]:
 
 
 def breakdown(backend, depth: int, repeats: int = 5) -> list[dict]:
-    """Median time per kernel kind for one eager decode step at `depth`, sorted by time."""
+    """Median time per launch kind (the launch names without their layer) for one eager decode step at
+    `depth`, sorted by time."""
     import cupy as cp
 
     cfg, s = backend.cfg, backend.stream
     launches = backend.step.launches
-    kinds = kernel_kinds(cfg, len(launches))
+    kinds = [Launches.kind(launch.name) for launch in launches]
     events = [cp.cuda.Event() for _ in range(len(launches) + 1)]
     per_kind: dict[str, list[float]] = {}
     for r in range(repeats + 1):
@@ -198,7 +178,7 @@ def breakdown(backend, depth: int, repeats: int = 5) -> list[dict]:
             totals[kind] = totals.get(kind, 0.0) + cp.cuda.get_elapsed_time(events[j], events[j + 1])
         for kind, t in totals.items():
             per_kind.setdefault(kind, []).append(t)
-    nbytes = kind_bytes(cfg, depth + 1, backend.attn_splits)
+    nbytes = kind_bytes(cfg, depth + 1, backend.attn_splits, backend.tuning.attn.min_chunk)
     count = {k: kinds.count(k) for k in set(kinds)}
     rows = []
     for kind, ts in per_kind.items():

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
+from engine.loader import load_model
 from engine.sampling import SamplingParams
-from engine.tokenizer import StreamDecoder, Tokenizer
-from engine.weights import load_weights
+from engine.tokenizer import StreamDecoder
 
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
+DEFAULT_MODEL_NAME = "models/smollm2-135m-instruct"  # in the repository; what the help shows
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / DEFAULT_MODEL_NAME
 BACKENDS = ("auto", "cuda", "numpy")
 
 
@@ -25,7 +26,7 @@ class GenerationStats:
     new_tokens: int = 0
     seconds: float = 0.0  # first token to last
     ttft: float = 0.0  # request start to first token
-    stop_reason: str = ""  # eos | stop | length | context
+    stop_reason: str = ""  # eos | stop | length | context (the CLI adds interrupted | closed)
 
     @property
     def tok_per_s(self) -> float:
@@ -41,17 +42,32 @@ class LLM:
 
     def __init__(self, model_dir: str | Path = DEFAULT_MODEL, backend: str = "auto",
                  max_context: int | None = None, use_graph: bool = True,
-                 notice: Callable[[str], None] = _stderr):
+                 notice: Callable[[str], None] = _stderr, quantize: str | None = None):
         if backend not in BACKENDS:
             raise GDecodeError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
         model_dir = Path(model_dir)
         if not model_dir.exists() and model_dir == DEFAULT_MODEL:
-            raise GDecodeError(f"default model not found at {model_dir}: run `make model` or pass --model DIR")
+            raise GDecodeError(f"default model not found at {model_dir}: run `make model` or pass --model PATH")
         if max_context is not None and max_context < 2:
             raise GDecodeError(f"--max-context must be at least 2, got {max_context}")
-        self.cfg = ModelConfig.from_dir(model_dir)
-        self.tokenizer = Tokenizer.from_dir(model_dir, self.cfg)
-        weights = load_weights(model_dir, self.cfg)
+        if quantize is not None:
+            from engine.loader import stored_quantization
+            from engine.qweights import check_format, check_quantize
+
+            check_format(quantize)
+            already = stored_quantization(model_dir)
+            if already:
+                raise GDecodeError(f"--quantize {quantize}: {model_dir} is already quantized ({already}); "
+                                   "--quantize applies to bf16, fp16 and fp32 models")
+        loaded = load_model(model_dir)
+        self.cfg, self.tokenizer, weights = loaded.cfg, loaded.tokenizer, loaded.weights
+        limit = self.cfg.max_position_embeddings
+        if max_context is not None and max_context > limit:
+            raise GDecodeError(f"--max-context {max_context} is above the model's limit of {limit} positions "
+                               "(max_position_embeddings, capped by any sliding window)")
+        if quantize is not None:
+            check_quantize(weights, quantize, str(model_dir))
+        self.quantize, self.gguf = quantize, loaded.gguf
         self.backend = self._make_backend(backend, weights, max_context, use_graph, notice)
         self.stats = GenerationStats()
 
@@ -62,28 +78,44 @@ class LLM:
             if gpu_available():
                 from engine.backend_cuda import CudaBackend
 
-                return CudaBackend(self.cfg, weights, max_context=max_context, use_graph=use_graph)
+                quant = {"quantize": self.quantize} if self.quantize else {}
+                return CudaBackend(self.cfg, weights, max_context=max_context, use_graph=use_graph, **quant)
             if backend == "cuda":
                 raise GDecodeError("--backend cuda: no CUDA GPU found")
             notice("no CUDA GPU found: using the numpy backend")
-        from engine.backend_numpy import NumpyBackend
+        from engine.backend_numpy import DEFAULT_MAX_CONTEXT, NumpyBackend
 
-        return NumpyBackend(self.cfg, weights, max_context=max_context)
+        if self.gguf:
+            from engine.qweights import dequantized
+
+            weights = dequantized(weights)  # the bf16 values import-gguf writes
+        _check_host_memory(self.cfg, max_context or min(self.cfg.max_position_embeddings, DEFAULT_MAX_CONTEXT))
+        return NumpyBackend(self.cfg, weights, max_context=max_context, quantize=self.quantize)
 
     @property
     def max_context(self) -> int:
         return self.backend.max_context
 
-    def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
-        if chat:
-            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
-        return self.tokenizer.encode(prompt)
+    @property
+    def max_prompt_bytes(self) -> int:
+        """A prompt of more UTF-8 bytes than this cannot fit the context (see Tokenizer.max_text_bytes)."""
+        return self.tokenizer.max_text_bytes(self.max_context)
 
-    def generate(self, prompt: str, params: SamplingParams = SamplingParams(), chat: bool = False
-                 ) -> Iterator[str]:
-        """Yield the generated text (not the prompt) piece by piece; self.stats is filled as it goes."""
+    def encode_prompt(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
+        """Token ids of the prompt. A prompt that cannot fit the context is refused before the whole
+        of it is tokenized."""
+        if chat:
+            head = [{"role": "system", "content": system}] if system is not None else []
+            return self.tokenizer.encode_chat([*head, {"role": "user", "content": prompt}],
+                                              max_tokens=self.max_context)
+        return self.tokenizer.encode(prompt, max_tokens=self.max_context)
+
+    def generate(self, prompt: str, params: SamplingParams = SamplingParams(), chat: bool = False,
+                 system: str | None = None) -> Iterator[str]:
+        """Yield the generated text (not the prompt) piece by piece; self.stats is filled as it goes.
+        With chat, the prompt is one user message (after `system`, if given) in the chat template."""
         t0 = time.perf_counter()
-        ids = self.encode_prompt(prompt, chat)
+        ids = self.encode_prompt(prompt, chat, system)
         if not ids:
             raise GDecodeError("the prompt is empty")
         if len(ids) >= self.max_context:
@@ -94,7 +126,7 @@ class LLM:
         if params.seed is None:
             params = replace(params, seed=secrets.randbits(63))
         self.stats = stats = GenerationStats(prompt_tokens=len(ids), stop_reason="length")
-        decoder = StreamDecoder(self.tokenizer)
+        decoder = StreamDecoder(self.tokenizer, context=ids)
         stops = StopMatcher(params.stop)
         eos = self.tokenizer.eos_ids
         tokens = self.backend.generate(ids, params, budget)
@@ -125,6 +157,20 @@ class LLM:
                     yield text
         finally:
             tokens.close()
+
+
+def _check_host_memory(cfg: ModelConfig, max_context: int) -> None:
+    """The numpy backend's float32 KV cache must fit the host's available memory."""
+    need = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * max_context * 4
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    if need > avail:
+        raise GDecodeError(f"the numpy backend's float32 KV cache for {max_context} positions needs "
+                           f"{need / 2**30:.1f} GiB but {avail / 2**30:.1f} GiB of memory is available: "
+                           "lower --max-context")
 
 
 class StopMatcher:

@@ -5,23 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError
+from engine.errors import GDecodeError, check_tokens
 from engine.weights import LayerWeights, ModelWeights
+from kernels.numerics import LOG2E, rope_tables
 
 ATTN_SPLITS = 32
-LOG2E = 1.4426950408889634
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x * rsqrt(mean(x^2) + eps) * w over the last axis, in float32."""
     ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
     return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * w
-
-
-def rope_tables(cfg: ModelConfig, max_context: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin: [max_context, head_dim/2] float32 (angles computed in float64)."""
-    ang = np.arange(max_context, dtype=np.float64)[:, None] * cfg.inv_freq()[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -32,31 +26,32 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def split_kv_partials(q, k, v, nkv: int, splits: int, scale: float | None = None):
-    """The partial pass of split-KV decode attention over cache rows [0, nkv).
+def split_kv_partials(q, k, v, n_cached: int, splits: int, scale: float | None = None):
+    """The partial pass of split-KV decode attention over cache rows [0, n_cached).
 
-    q: [nh, hd]; k, v: [n_kv, >= nkv, hd]. Split s covers rows [s*chunk, min((s+1)*chunk, nkv))
-    with chunk = ceil(nkv / splits). Scores are scaled by scale*log2(e), so each split keeps
+    q: [nh, hd]; k, v: [kv_heads, >= n_cached, hd]. Split s covers rows [s*chunk, min((s+1)*chunk, n_cached))
+    with chunk = ceil(n_cached / splits). Scores are scaled by scale*log2(e), so each split keeps
     m [splits, nh] (base-2 max), l [splits, nh] (sum of exp2(score - m)) and the unnormalised
     acc [splits, nh, hd]. An empty split has m = -inf, l = 0, acc = 0.
     """
     nh, hd = q.shape
-    n_kv = k.shape[0]
-    g = nh // n_kv
+    kv_heads = k.shape[0]
+    g = nh // kv_heads
     scale = hd**-0.5 if scale is None else scale
     scale2 = np.float32(scale * LOG2E)
-    chunk = -(-nkv // splits)
-    pad = splits * chunk - nkv
-    qg = q.reshape(n_kv, g, hd)
-    # sc: [n_kv, g, splits, chunk]; rows past nkv score -inf, so they (and empty splits) add nothing
-    sc = np.matmul(qg, k[:, :nkv].transpose(0, 2, 1)) * scale2
-    sc = np.concatenate([sc, np.full((n_kv, g, pad), -np.inf, np.float32)], axis=-1)
-    sc = sc.reshape(n_kv, g, splits, chunk)
+    chunk = -(-n_cached // splits)
+    pad = splits * chunk - n_cached
+    qg = q.reshape(kv_heads, g, hd)
+    # sc: [kv_heads, g, splits, chunk]; rows past n_cached score -inf, so they (and empty splits) add nothing
+    sc = np.matmul(qg, k[:, :n_cached].transpose(0, 2, 1)) * scale2
+    sc = np.concatenate([sc, np.full((kv_heads, g, pad), -np.inf, np.float32)], axis=-1)
+    sc = sc.reshape(kv_heads, g, splits, chunk)
     ms = sc.max(axis=-1)
     live = ms > -np.inf
     p = np.where(live[..., None], np.exp2(sc - np.where(live, ms, 0)[..., None]), np.float32(0))
-    vp = np.concatenate([v[:, :nkv], np.zeros((n_kv, pad, hd), np.float32)], axis=1).reshape(n_kv, splits, chunk, hd)
-    # acc: [n_kv, splits, g, hd]
+    vp = np.concatenate([v[:, :n_cached], np.zeros((kv_heads, pad, hd), np.float32)], axis=1)
+    vp = vp.reshape(kv_heads, splits, chunk, hd)
+    # acc: [kv_heads, splits, g, hd]
     acc = np.matmul(p.transpose(0, 2, 1, 3), vp)
     m = np.ascontiguousarray(ms.reshape(nh, splits).T, dtype=np.float32)
     l = np.ascontiguousarray(p.sum(axis=-1).reshape(nh, splits).T, dtype=np.float32)
@@ -79,18 +74,18 @@ def combine_splits(m: np.ndarray, l: np.ndarray, acc: np.ndarray) -> np.ndarray:
     return num / w.sum(axis=0)[:, None]
 
 
-def split_kv_attention(q, k, v, nkv: int, splits: int = ATTN_SPLITS, scale: float | None = None):
-    """Decode attention of one query q [nh, hd] over k, v [n_kv, >= nkv, hd] -> [nh, hd]."""
-    return combine_splits(*split_kv_partials(q, k, v, nkv, splits, scale))
+def split_kv_attention(q, k, v, n_cached: int, splits: int = ATTN_SPLITS, scale: float | None = None):
+    """Decode attention of one query q [nh, hd] over k, v [kv_heads, >= n_cached, hd] -> [nh, hd]."""
+    return combine_splits(*split_kv_partials(q, k, v, n_cached, splits, scale))
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
-    """Prefill attention. q: [T, nh, hd] at positions start..start+T-1; k, v: [n_kv, start+T, hd]."""
+    """Prefill attention. q: [T, nh, hd] at positions start..start+T-1; k, v: [kv_heads, start+T, hd]."""
     t, nh, hd = q.shape
-    n_kv, total, _ = k.shape
-    g = nh // n_kv
-    # qg: [n_kv, g, T, hd]
-    qg = q.transpose(1, 0, 2).reshape(n_kv, g, t, hd)
+    kv_heads, total, _ = k.shape
+    g = nh // kv_heads
+    # qg: [kv_heads, g, T, hd]
+    qg = q.transpose(1, 0, 2).reshape(kv_heads, g, t, hd)
     sc = np.matmul(qg, k[:, None].transpose(0, 1, 3, 2)) * np.float32(hd**-0.5)
     future = np.arange(total)[None, :] > (start + np.arange(t))[:, None]
     sc = np.where(future, np.float32(-np.inf), sc)
@@ -122,9 +117,9 @@ class ReferenceModel:
         self.lm_head = self.embed if tied else _f32(weights.lm_head)
         self.final_norm = _f32(weights.final_norm)
         self.layers = [LayerWeights(**{k: _f32(a) for k, a in vars(lw).items()}) for lw in weights.layers]
-        self.cos, self.sin = rope_tables(cfg, max_context)
+        self.cos, self.sin = rope_tables(cfg.inv_freq(), max_context)
         shape = (cfg.num_layers, cfg.num_kv_heads, max_context, cfg.head_dim)
-        # k, v: [layers, n_kv, max_context, hd]
+        # k, v: [layers, kv_heads, max_context, hd]
         self.k = np.zeros(shape, np.float32)
         self.v = np.zeros(shape, np.float32)
         self.pos = 0
@@ -148,10 +143,7 @@ class ReferenceModel:
 
     def _run(self, ids: np.ndarray, decode: bool) -> np.ndarray:
         start, t = self.pos, ids.size
-        if start + t > self.max_context:
-            raise GDecodeError(f"context full: {start + t} tokens exceed max context {self.max_context}")
-        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
-            raise GDecodeError(f"token id out of range [0, {self.cfg.vocab_size})")
+        check_tokens(ids, self.cfg.vocab_size, self.max_context, start)
         x = self.embed[ids]
         for i, lw in enumerate(self.layers):
             x = self._layer(i, lw, x, start, decode)
@@ -178,7 +170,8 @@ class ReferenceModel:
             attn = split_kv_attention(q[0], self.k[i], self.v[i], end, self.attn_splits)[None]
         else:
             attn = causal_attention(q, self.k[i, :, :end], self.v[i, :, :end], start)
-        x = x + attn.reshape(t, qs) @ lw.wo.T
+        out = attn.reshape(t, qs) @ lw.wo.T
+        x = x + (out if lw.bo is None else out + lw.bo)
         gate_up = rms_norm(x, lw.mlp_norm, eps) @ lw.w_gate_up.T
         inter = cfg.intermediate_size
         return x + (silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ lw.w_down.T

@@ -13,14 +13,28 @@ from engine.errors import GDecodeError
 SEED_MUL = 0x9E3779B97F4A7C15
 STEP_MUL = 0xD1B54A32D192ED03
 U_MAX = np.float32(1.0 - 2.0**-24)
+MAX_LOGPROBS = 20
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token.
 
-    temperature 0 means greedy; top_k 0 and top_p 1.0 switch those filters off.
+    temperature 0 means greedy; top_k 0, top_p 1.0 and min_p 0.0 switch those filters off.
     seed None lets the caller pick a random seed (see `resolve_seed`).
+    repeat_penalty (llama.cpp): over the last repeat_last_n tokens of the context (-1: all of
+    it, 0: none), a logit l becomes l / penalty if l > 0 else l * penalty; 1.0 is off.
+    presence_penalty and frequency_penalty (OpenAI API): l -= presence * (c > 0) + frequency * c,
+    where c counts the token among the generated tokens (not the prompt).
+    logprobs: None is off; n in [0, 20] returns the chosen token's log-probability and the top n.
     """
 
     temperature: float = 0.8
@@ -29,6 +43,12 @@ class SamplingParams:
     seed: int | None = None
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None
 
     def __post_init__(self):
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -47,6 +67,19 @@ class SamplingParams:
         if stop is None or not all(isinstance(s, str) and s for s in stop):
             raise GDecodeError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", stop)
+        if not (_is_number(self.min_p) and 0.0 <= self.min_p <= 1.0):
+            raise GDecodeError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if not (_is_number(self.repeat_penalty) and math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
+            raise GDecodeError(f"repeat_penalty must be a finite number > 0 (1 = off), got {self.repeat_penalty}")
+        if not _is_int(self.repeat_last_n) or self.repeat_last_n < -1:
+            raise GDecodeError(f"repeat_last_n must be an integer >= 0, or -1 for the whole context, "
+                               f"got {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (_is_number(v) and math.isfinite(v)):
+                raise GDecodeError(f"{name} must be a finite number (0 = off), got {v}")
+        if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise GDecodeError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

@@ -37,8 +37,8 @@ def shape(name: str) -> ModelConfig:
         raise GDecodeError(f"unknown shape {name!r} (choose from {', '.join(SHAPES)})") from None
 
 
-def decode_bytes(cfg: ModelConfig, nkv: int, weight_bytes: int = 2, kv_bytes: int = 2) -> int:
-    """Bytes one decode step must read: every weight but the embedding table, plus nkv K/V rows."""
+def decode_bytes(cfg: ModelConfig, n_cached: int, weight_bytes: int = 2, kv_bytes: int = 2) -> int:
+    """Bytes one decode step must read: every weight but the embedding table, plus n_cached K/V rows."""
     embed = cfg.vocab_size * cfg.hidden_size
     params = cfg.param_count() - embed + (embed if cfg.tie_word_embeddings else 0)
-    return params * weight_bytes + nkv * cfg.kv_bytes_per_token(kv_bytes)
+    return params * weight_bytes + n_cached * cfg.kv_bytes_per_token(kv_bytes)

@@ -10,8 +10,8 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
-from engine.reference import rope_tables
 from engine.weights import ModelWeights
+from kernels.numerics import rope_tables
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 # the C struct DecodeState of kernels/common.cuh
@@ -21,8 +21,9 @@ STATE_DTYPE = np.dtype([
     ("temperature", "<f4"), ("top_k", "<i4"), ("top_p", "<f4"), ("pad", "<i4"),
 ])
 GUARD = 4096  # bf16 elements after each cache half, never written by a kernel
-GUARD_BITS = 0x7FC1
+GUARD_BITS = 0x7FC1  # a bf16 NaN unlike the 0x7FC0 that kernels write for NaN
 HEADROOM = 1 << 30  # device memory left free after sizing the KV cache
+CUDA_HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped: pinned host memory the device can address
 
 
 def to_bf16_bits(a: np.ndarray) -> np.ndarray:
@@ -145,15 +146,15 @@ class DecodeBuffers:
         if ring_size & (ring_size - 1):
             raise ValueError("ring_size must be a power of two")
         self.cfg, self.max_context, self.attn_splits = cfg, max_context, attn_splits
-        L, nkv, hd, nh = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.num_heads
-        self.cache_elems = L * nkv * max_context * hd
-        # kv: [K cache | guard | V cache | guard]; each cache [L, n_kv, max_ctx, hd] bf16
+        L, kv_heads, hd, nh = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.num_heads
+        self.cache_elems = L * kv_heads * max_context * hd
+        # kv: [K cache | guard | V cache | guard]; each cache [L, kv_heads, max_ctx, hd] bf16
         self.kv = cp.empty(2 * (self.cache_elems + GUARD), cp.uint16)
         self.kv[self.cache_elems : self.cache_elems + GUARD] = GUARD_BITS
         self.kv[2 * self.cache_elems + GUARD :] = GUARD_BITS
         self.k_cache = self.kv[: self.cache_elems]
         self.v_cache = self.kv[self.cache_elems + GUARD : 2 * self.cache_elems + GUARD]
-        cos, sin = rope_tables(cfg, max_context)
+        cos, sin = rope_tables(cfg.inv_freq(), max_context)
         self.cos, self.sin = cp.asarray(cos), cp.asarray(sin)
         self.state = cp.zeros(STATE_DTYPE.itemsize, cp.uint8)  # one DecodeState
         self.prompt = cp.zeros(max_context, cp.int32)
@@ -171,7 +172,7 @@ class DecodeBuffers:
         self.scratch_i = cp.zeros(cfg.vocab_size, cp.int32)
         # ring: host-mapped pinned memory the sampler writes each step's next token into
         self.ring_size = ring_size
-        self._ring_mem = cp.cuda.PinnedMemory(ring_size * 4, flags=2)  # cudaHostAllocMapped
+        self._ring_mem = cp.cuda.PinnedMemory(ring_size * 4, flags=CUDA_HOST_ALLOC_MAPPED)
         self.ring = np.ctypeslib.as_array((ctypes.c_int32 * ring_size).from_address(self._ring_mem.ptr))
         self.ring[:] = -1
         from cuda.bindings import driver
@@ -182,9 +183,16 @@ class DecodeBuffers:
                                   "cuMemHostGetDevicePointer"))
 
     def layer_cache(self, layer: int):
-        """(k, v) device addresses of one layer's [n_kv, max_ctx, hd] cache."""
+        """(k, v) device addresses of one layer's [kv_heads, max_ctx, hd] cache."""
         n = self.cache_elems // self.cfg.num_layers
         return self.k_cache.data.ptr + 2 * layer * n, self.v_cache.data.ptr + 2 * layer * n
+
+    def fill_cache_random(self, seed: int, stream) -> None:
+        """Random bf16 K and V in every cache row (benchmarks at depth read real-looking values)."""
+        from kernels.ops import fill_bf16
+
+        fill_bf16(self.k_cache, seed, 1.0, stream=stream)
+        fill_bf16(self.v_cache, seed + 1, 1.0, stream=stream)
 
     def guards_intact(self) -> bool:
         g = self.kv.get()

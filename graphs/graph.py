@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cuda.bindings import driver
 
-from kernels import launch as _launch
 from kernels.cuda import CudaError, check, init, stream_handle
+from kernels.launch import Launch
 
 CAPTURE_MODES = {
     "thread_local": driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -94,16 +94,11 @@ class Graph:
         self.destroy()
 
 
-def _recorder(h: int, records: list):
-    def hook(launch, stream):
-        if stream != h:
-            return
-        info = check(driver.cuStreamGetCaptureInfo(h), "cuStreamGetCaptureInfo")
-        status, deps, count = info[0], info[3], info[-1]  # (status, id, graph, deps[, edge data], count)
-        if status == _ACTIVE and count == 1:
-            records.append((deps[0], launch, launch.version))
-
-    return hook
+def _last_node(h: int):
+    """The node the capture of stream h just added (its single dependency), or None."""
+    info = check(driver.cuStreamGetCaptureInfo(h), "cuStreamGetCaptureInfo")
+    status, deps, count = info[0], info[3], info[-1]  # (status, id, graph, deps[, edge data], count)
+    return deps[0] if status == _ACTIVE and count == 1 else None
 
 
 def _end_and_discard(h: int):
@@ -115,9 +110,11 @@ def _end_and_discard(h: int):
         pass
 
 
-def capture(stream, fn, mode: str = "thread_local") -> Graph:
-    """Run `fn()` with `stream` capturing and return the instantiated graph of what it launched.
+def capture(stream, work, mode: str = "thread_local") -> Graph:
+    """Capture `work` on `stream` and return the instantiated graph.
 
+    work: callables run in order as item(stream_handle); each Launch among them is recorded with
+    the kernel node it made, so the graph can retarget that node later (Graph.update).
     On any failure the capture is ended, the partial graph discarded, the stream left usable,
     and GraphCaptureError raised.
     """
@@ -125,18 +122,19 @@ def capture(stream, fn, mode: str = "thread_local") -> Graph:
     h = stream_handle(stream)
     check(driver.cuStreamBeginCapture(h, CAPTURE_MODES[mode]), "cuStreamBeginCapture")
     records: list = []
-    hook = _recorder(h, records)
-    _launch.capture_hooks.append(hook)
     try:
-        fn()
+        for item in work:
+            item(h)
+            if isinstance(item, Launch):
+                node = _last_node(h)
+                if node is not None:
+                    records.append((node, item, item.version))
     except Exception as e:
         _end_and_discard(h)
         raise GraphCaptureError("stream capture", None, f"{type(e).__name__}: {e}") from e
     except BaseException:
         _end_and_discard(h)
         raise
-    finally:
-        _launch.capture_hooks.remove(hook)
     err, graph = driver.cuStreamEndCapture(h)
     if err:
         if graph is not None and int(graph):

@@ -16,10 +16,11 @@ import weakref
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError
+from engine.errors import GDecodeError, check_tokens
 from graphs.buffers import STATE_DTYPE, DecodeBuffers, DeviceWeights
 from kernels import ops
 from kernels import prefill_ops as pops
+from kernels.tuning import Tuning
 
 
 class _Layer:
@@ -29,20 +30,25 @@ class _Layer:
 
 
 class Prefill:
-    """Fills `bufs`' KV cache for runs of prompt tokens, `chunk` positions per pass, on `stream`.
+    """Fills `bufs`' KV cache for runs of prompt tokens, `tuning.prefill.chunk` positions per pass, on
+    `stream`.
 
     Scratch for one chunk is allocated here, once; `run` allocates nothing.
     """
 
-    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, bufs: DecodeBuffers, stream, chunk: int = 512):
+    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, bufs: DecodeBuffers, stream,
+                 tuning: Tuning = Tuning()):
         import cupy as cp
 
-        h, hd, nh, nkv, inter = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
-        if hd % 16 or hd > 128 or h % 8 or inter % 4 or nh // nkv > 16 * pops.ATTN_WARPS:
+        pt = tuning.prefill
+        h, hd, nh, kv_heads = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        inter, group = cfg.intermediate_size, cfg.num_heads // cfg.num_kv_heads
+        if hd % 16 or hd > 128 or h % 8 or inter % 4 or group > pops.attn_max_group(pt.attn_warps):
             raise GDecodeError(f"batched prefill needs head_dim a multiple of 16 up to 128, hidden size a multiple "
-                               f"of 8, intermediate size a multiple of 4 (got {hd}, {h}, {inter})")
-        if chunk < 1:
-            raise ValueError("chunk must be at least 1")
+                               f"of 8, intermediate size a multiple of 4 and at most "
+                               f"{pops.attn_max_group(pt.attn_warps)} query heads per kv head (got {hd}, {h}, "
+                               f"{inter}, {group})")
+        chunk = pt.chunk
         self.cfg, self.weights, self.bufs, self.stream, self.chunk = cfg, weights, bufs, stream, chunk
         n_qkv = cfg.q_size + 2 * cfg.kv_size
         with stream:
@@ -56,31 +62,25 @@ class Prefill:
             self.act = cp.zeros((chunk, inter), cp.uint16)
             self.logits = cp.zeros(cfg.vocab_size, cp.float32)
         stream.synchronize()
-        eps, ctx = cfg.rms_norm_eps, bufs.max_context
+        eps, ctx, rw = cfg.rms_norm_eps, bufs.max_context, pt.row_warps
         self.embed = pops.embed_rows(weights.embed, bufs.prompt, self.x, chunk=chunk, hidden=h, vocab=cfg.vocab_size)
         self.layers = []
         for i, lw in enumerate(weights.layers):
             k_cache, v_cache = bufs.layer_cache(i)
             self.layers.append(_Layer(
-                pops.rms_rows(self.x, lw.attn_norm, self.xn, chunk=chunk, hidden=h, eps=eps),
+                pops.rms_rows(self.x, lw.attn_norm, self.xn, chunk=chunk, hidden=h, eps=eps, warps=rw),
                 pops.Gemm(lw.wqkv, self.xn, self.qkv, n_qkv, h),
                 pops.rope_rows(self.qkv, lw.bqkv, lw.q_norm, lw.k_norm, bufs.cos, bufs.sin, self.q, k_cache, v_cache,
-                               chunk=chunk, nh=nh, nkv=nkv, hd=hd, max_ctx=ctx, eps=eps),
-                pops.prefill_attn(self.q, k_cache, v_cache, self.attn, chunk=chunk, nh=nh, nkv=nkv, hd=hd,
-                                  max_ctx=ctx),
+                               chunk=chunk, nh=nh, kv_heads=kv_heads, hd=hd, max_ctx=ctx, eps=eps, warps=rw),
+                pops.prefill_attn(self.q, k_cache, v_cache, self.attn, chunk=chunk, nh=nh, kv_heads=kv_heads, hd=hd,
+                                  max_ctx=ctx, warps=pt.attn_warps),
                 pops.Gemm(lw.wo, self.attn, self.x, h, cfg.q_size, accumulate=True),
-                pops.rms_rows(self.x, lw.mlp_norm, self.xn, chunk=chunk, hidden=h, eps=eps),
+                pops.rms_rows(self.x, lw.mlp_norm, self.xn, chunk=chunk, hidden=h, eps=eps, warps=rw),
                 pops.Gemm(lw.w_gate_up, self.xn, self.gu, 2 * inter, h),
                 pops.silu_rows(self.gu, self.act, chunk=chunk, inter=inter),
                 pops.Gemm(lw.w_down, self.act, self.x, h, inter, accumulate=True),
             ))
         self._handle = pops.cublas_handle(stream)
-
-    def check(self, n: int, start: int) -> None:
-        """Raise GDecodeError unless positions start..start+n-1 fit in the KV cache."""
-        if start < 0 or start + n > self.bufs.max_context:
-            raise GDecodeError(f"a prompt of {n} tokens at position {start} does not fit the context of "
-                               f"{self.bufs.max_context} positions")
 
     def run(self, ids, start: int = 0, logits: bool = False):
         """Write the K/V of tokens `ids` at positions start..start+len(ids)-1 into the cache.
@@ -90,13 +90,11 @@ class Prefill:
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         n = ids.size
-        self.check(n, start)
+        check_tokens(ids, self.cfg.vocab_size, self.bufs.max_context, start)
         if n == 0:
             if logits:
                 raise GDecodeError("no tokens to compute logits for")
             return None
-        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
-            raise GDecodeError(f"token id out of range [0, {self.cfg.vocab_size})")
         s = self.stream
         with s:
             self._handle = pops.cublas_handle(s)
@@ -128,13 +126,16 @@ class Prefill:
             ly.silu(s, pos0, t)
             ly.down(h, t)
 
-    def ready(self, ids) -> None:
-        """After `bufs.write_state(ids, ...)`: prefill ids[:-1] and set the state to token ids[-1] at
-        position n - 1, so the next decode step runs the last prompt token and samples its successor."""
+    def ready(self, ids, start: int = 0) -> None:
+        """After `bufs.write_state(ids, ...)`: prefill ids[start:-1] (the cache already holds the K/V of
+        ids[:start]) and set the state to token ids[-1] at position n - 1, so the next decode step
+        runs the last prompt token and samples its successor."""
         n = len(ids)
-        self.check(n, 0)
-        if n > 1:
-            self.run(ids[:-1])
+        check_tokens(ids, self.cfg.vocab_size, self.bufs.max_context)
+        if not 0 <= start < n:
+            raise GDecodeError(f"prefill start {start} is outside a prompt of {n} tokens")
+        if n - 1 > start:
+            self.run(ids[start:-1], start=start)
         at = STATE_DTYPE.fields["token"][1]
         assert STATE_DTYPE.fields["pos"][1] == at + 4
         self.bufs.state[at : at + 8].set(np.array([ids[-1], n - 1], np.int32).view(np.uint8), stream=self.stream)
@@ -149,7 +150,7 @@ def prefill_for(backend) -> Prefill:
     if isinstance(pf, Prefill):
         return pf
     if backend not in _PREFILLS:
-        _PREFILLS[backend] = Prefill(backend.cfg, backend.weights, backend.bufs, backend.stream)
+        _PREFILLS[backend] = Prefill(backend.cfg, backend.weights, backend.bufs, backend.stream, backend.tuning)
     return _PREFILLS[backend]
 
 

@@ -95,6 +95,13 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// 2^x by the hardware approximation (what exp2f becomes under fast math); 0 for x = -inf
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // sum over the `width` lanes of an aligned lane group (width a power of two)
 template <int WIDTH>
 __device__ __forceinline__ float group_sum(float v) {

@@ -19,10 +19,7 @@ SIG_CTYPES = {
     "d": ctypes.c_double,
 }
 _POINTER_CTYPES = (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t)
-_DEFAULT_SMEM_LIMIT = 48 * 1024
-
-# called as hook(launch, stream_handle) after every launch while a graph capture records
-capture_hooks: list = []
+_DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without opting in
 
 
 def device_pointer(value) -> int:
@@ -74,12 +71,14 @@ def _dims(d) -> tuple[int, int, int]:
 class Launch:
     """One kernel launch with fixed grid, block, shared memory and prebuilt parameters.
 
-    `launch(stream)` costs one cuLaunchKernel (or cuLaunchKernelEx with `pdl=True`).
+    `launch(stream)` costs one cuLaunchKernel (or cuLaunchKernelEx with `pdl=True`). `name` labels
+    it in timings (e.g. "layer3.attn"); it defaults to the kernel's name.
     """
 
     def __init__(self, kernel: Kernel, grid, block, args, smem: int = 0, sig: str | None = None,
-                 pdl: bool = False):
+                 pdl: bool = False, name: str | None = None):
         self.kernel = kernel
+        self.name = name or kernel.name
         self.grid, self.block, self.smem = _dims(grid), _dims(block), int(smem)
         self.sig = sig if sig is not None else kernel.sig
         self.pdl = pdl
@@ -136,8 +135,9 @@ class Launch:
             (err,) = driver.cuLaunchKernelEx(self._config, self.kernel.func, self._params, 0)
         if err:
             check((err,), "cuLaunchKernelEx" if self.pdl else "cuLaunchKernel")
-        for hook in capture_hooks:
-            hook(self, h)
+
+    def __repr__(self):
+        return f"Launch({self.name!r}, grid={self.grid}, block={self.block[0]})"
 
 
 class Kernel:
@@ -161,8 +161,9 @@ class Kernel:
         check(driver.cuFuncSetAttribute(self.func, attr, int(nbytes)), "cuFuncSetAttribute")
         self._smem_limit = int(nbytes)
 
-    def prepare(self, grid, block, args, smem: int = 0, sig: str | None = None, pdl: bool = False) -> Launch:
-        return Launch(self, grid, block, args, smem, sig, pdl)
+    def prepare(self, grid, block, args, smem: int = 0, sig: str | None = None, pdl: bool = False,
+                name: str | None = None) -> Launch:
+        return Launch(self, grid, block, args, smem, sig, pdl, name)
 
     def launch(self, grid, block, args, smem: int = 0, stream=None, sig: str | None = None, pdl: bool = False):
         Launch(self, grid, block, args, smem, sig, pdl)(stream)

@@ -6,20 +6,15 @@ import functools
 import math
 
 from kernels.launch import Launch, Module
+from kernels.tuning import Tuning
 
 EPI_STORE, EPI_ADD, EPI_SILU = 0, 1, 2
 GEMV_WARPS = 4
 GEMV_MINB = 4  # blocks per SM the register cap allows: 16 warps
 GEMV_ROWS = 4
 GEMV_WAVES = 1  # grid of GEMV_WAVES blocks per resident slot, rows striding over it; 0: a block per row group
-ROPE_WARPS = 4
-ATTN_WARPS = 8
-COMBINE_WARPS = 4
 SAMPLE_BLOCK = 1024
 SAMPLE_CAP = 4096
-ATTN_MAX_SPLITS = 128
-ATTN_MIN_CHUNK = 64  # cache rows per active split at least (attn_decode)
-LOG2E = 1.4426950408889634
 
 
 @functools.cache
@@ -105,64 +100,25 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
                                 max_ctx], pdl=pdl)
 
 
+EMBED_BLOCK = 256
+FILL_BLOCK, FILL_BLOCKS_PER_SM = 256, 64
+
+
 def embed(table, state, x, vocab: int, hidden: int, pdl: bool = False) -> Launch:
-    threads = hidden // 8
-    block = min(256, threads)
-    return module("embed", H=hidden).function("embed", "PPPi").prepare(
+    """x [hidden] f32 = table[state.token] (clamped into the vocabulary); table [vocab, hidden] bf16."""
+    threads = hidden // 8  # 8 bf16 (16 bytes) per thread
+    block = min(EMBED_BLOCK, threads)
+    return module("embed", HIDDEN=hidden).function("embed", "PPPi").prepare(
         math.ceil(threads / block), block, [table, state, x, vocab], pdl=pdl)
 
 
-def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: int, nkv: int, hd: int,
-                max_ctx: int, eps: float, pdl: bool = False) -> Launch:
-    mod = module("rope", HD=hd, QK_NORM=int(q_norm is not None))
+def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: int, kv_heads: int, hd: int,
+                max_ctx: int, eps: float, warps: int = Tuning.rope_warps, pdl: bool = False) -> Launch:
+    """q/k RMSNorm (when q_norm is given), RoPE at the state's position, and the K/V append; one warp per head."""
+    mod = module("rope", HEAD_DIM=hd, QK_NORM=int(q_norm is not None), WARPS=warps)
     return mod.function("rope_append", "PPPPPPPPiiif").prepare(
-        math.ceil((nh + nkv) / ROPE_WARPS), ROPE_WARPS * 32,
-        [qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, nh, nkv, max_ctx, eps], pdl=pdl)
-
-
-def attn_partial(q, k_cache, v_cache, state, pm, pl, pacc, *, nh: int, nkv: int, hd: int, splits: int,
-                 max_ctx: int, pdl: bool = False) -> Launch:
-    scale2 = hd**-0.5 * LOG2E
-    mod = module("attention", HD=hd, G=nh // nkv, WARPS=ATTN_WARPS)
-    return mod.function("attn_partial", "PPPPPPPif").prepare(
-        (splits, nkv), ATTN_WARPS * 32, [q, k_cache, v_cache, state, pm, pl, pacc, max_ctx, scale2], pdl=pdl)
-
-
-def attn_blocks_per_sm(hd: int, group: int) -> int:
-    """How many attn_decode blocks fit on one SM at once (registers and shared memory)."""
-    return _attn_occupancy(hd, group, ATTN_WARPS)
-
-
-@functools.cache
-def _attn_occupancy(hd: int, group: int, warps: int) -> int:
-    from cuda.bindings import driver
-
-    from kernels.cuda import check
-
-    fn = module("attention", HD=hd, G=group, WARPS=warps).function("attn_decode")
-    return max(1, check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn.func, warps * 32, 0),
-                        "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
-
-
-def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: int, nkv: int, hd: int,
-                splits: int, max_ctx: int, min_chunk: int | None = None, pdl: bool = False) -> Launch:
-    """Split-KV attention over min(splits, ceil(nkv / min_chunk)) splits, merged by the last block.
-
-    counters: [nkv] uint32, zero before the first launch; each launch leaves them zero.
-    """
-    if not 1 <= splits <= ATTN_MAX_SPLITS:
-        raise ValueError(f"attention splits must be in [1, {ATTN_MAX_SPLITS}], got {splits}")
-    scale2 = hd**-0.5 * LOG2E
-    mod = module("attention", HD=hd, G=nh // nkv, WARPS=ATTN_WARPS)
-    return mod.function("attn_decode", "PPPPPPPPPifi").prepare(
-        (splits, nkv), ATTN_WARPS * 32,
-        [q, k_cache, v_cache, state, pm, pl, pacc, out, counters, max_ctx, scale2, min_chunk or ATTN_MIN_CHUNK],
-        pdl=pdl)
-
-
-def attn_combine(pm, pl, pacc, out, *, nh: int, hd: int, splits: int, pdl: bool = False) -> Launch:
-    return module("combine", HD=hd).function("attn_combine", "PPPPii").prepare(
-        math.ceil(nh / COMBINE_WARPS), COMBINE_WARPS * 32, [pm, pl, pacc, out, nh, splits], pdl=pdl)
+        math.ceil((nh + kv_heads) / warps), warps * 32,
+        [qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, nh, kv_heads, max_ctx, eps], pdl=pdl)
 
 
 def sample(logits, amax, state, prompt, ring, scratch_z, scratch_i, *, vocab: int, max_ctx: int,
@@ -174,8 +130,9 @@ def sample(logits, amax, state, prompt, ring, scratch_z, scratch_i, *, vocab: in
 
 def _fill(name: str, out, seed: int, scale: float, offset: float, stream=None):
     n = out.size
-    grid = max(1, min(math.ceil(n / 256), 64 * sm_count()))
-    module("fill", NONE=0).function(name, "PqQff").launch(grid, 256, [out, n, seed % 2**64, scale, offset],
+    # a grid-stride loop: one element per thread, the grid capped at FILL_BLOCKS_PER_SM waves' worth
+    grid = max(1, min(math.ceil(n / FILL_BLOCK), FILL_BLOCKS_PER_SM * sm_count()))
+    module("fill", NONE=0).function(name, "PqQff").launch(grid, FILL_BLOCK, [out, n, seed % 2**64, scale, offset],
                                                            stream=stream)
 
 

@@ -11,18 +11,20 @@ import math
 import numpy as np
 
 from kernels.launch import Launch
-from kernels.ops import LOG2E, module, sm_count
+from kernels.numerics import softmax_scale2
+from kernels.ops import module, sm_count
+from kernels.tuning import PrefillTuning
 
-ROW_WARPS = 4
 EMBED_BLOCK = 128
 SILU_BLOCK = 256
-ATTN_WARPS, ATTN_BN = 4, 64
+_DEFAULT = PrefillTuning()
 
-# cuBLAS enums (cublas_api.h, library_types.h)
-OP_N, OP_T = 0, 1
-R_32F, R_16BF = 0, 14
-COMPUTE_32F = 68
-GEMM_DEFAULT = -1
+# cuBLAS enums, by their names in cublas_api.h and library_types.h
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUDA_R_32F, CUDA_R_16BF = 0, 14
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_GEMM_DEFAULT = -1
+CUBLAS_POINTER_MODE_HOST = 0
 _ONE = np.ones(1, np.float32)
 _ZERO = np.zeros(1, np.float32)
 
@@ -39,51 +41,69 @@ class ChunkLaunch:
         self.launch(stream)
 
 
+def _rows_module(hd: int = 16, qk_norm: bool = False, bias: bool = False, warps: int = _DEFAULT.row_warps):
+    # embed_rows, rms_rows and silu_rows do not depend on the head defines: any valid head size builds them
+    return module("prefill_rope", HEAD_DIM=hd, QK_NORM=int(qk_norm), BIAS=int(bias), WARPS=warps)
+
+
 def embed_rows(table, prompt, x, *, chunk: int, hidden: int, vocab: int) -> ChunkLaunch:
     """x[t] = table[prompt[pos0 + t]] as fp32."""
     grid = (chunk, math.ceil(hidden // 8 / EMBED_BLOCK))
-    fn = module("prefill_rope", HD=16, QK_NORM=0, BIAS=0).function("embed_rows", "iiPPPii")
+    fn = _rows_module().function("embed_rows", "iiPPPii")
     return ChunkLaunch(fn.prepare(grid, EMBED_BLOCK, [0, 0, table, prompt, x, vocab, hidden]))
 
 
-def rms_rows(x, gamma, out, *, chunk: int, hidden: int, eps: float) -> ChunkLaunch:
-    """out[t] = bf16(rmsnorm(x[t]) * gamma)."""
-    fn = module("prefill_rope", HD=16, QK_NORM=0, BIAS=0).function("rms_rows", "iiPPPif")
-    return ChunkLaunch(fn.prepare(math.ceil(chunk / ROW_WARPS), ROW_WARPS * 32, [0, 0, x, gamma, out, hidden, eps]))
+def rms_rows(x, gamma, out, *, chunk: int, hidden: int, eps: float, warps: int = _DEFAULT.row_warps) -> ChunkLaunch:
+    """out[t] = bf16(rmsnorm(x[t]) * gamma); one warp per row."""
+    fn = _rows_module(warps=warps).function("rms_rows", "iiPPPif")
+    return ChunkLaunch(fn.prepare(math.ceil(chunk / warps), warps * 32, [0, 0, x, gamma, out, hidden, eps]))
 
 
-def rope_rows(qkv, bias, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, *, chunk: int, nh: int, nkv: int,
-              hd: int, max_ctx: int, eps: float) -> ChunkLaunch:
+def rope_rows(qkv, bias, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, *, chunk: int, nh: int, kv_heads: int,
+              hd: int, max_ctx: int, eps: float, warps: int = _DEFAULT.row_warps) -> ChunkLaunch:
     """Bias, q/k RMSNorm and RoPE of each token; q to q_out (scaled for base-2 softmax), k/v into the cache."""
-    mod = module("prefill_rope", HD=hd, QK_NORM=int(q_norm is not None), BIAS=int(bias is not None))
+    mod = _rows_module(hd, q_norm is not None, bias is not None, warps)
     fn = mod.function("rope_rows", "iiPPPPPPPPPiiiff")
-    grid = (chunk, math.ceil((nh + nkv) / ROW_WARPS))
-    qscale = hd**-0.5 * LOG2E
-    args = [0, 0, qkv, bias, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, nh, nkv, max_ctx, eps, qscale]
-    return ChunkLaunch(fn.prepare(grid, ROW_WARPS * 32, args))
+    grid = (chunk, math.ceil((nh + kv_heads) / warps))
+    args = [0, 0, qkv, bias, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, nh, kv_heads, max_ctx, eps,
+            softmax_scale2(hd)]
+    return ChunkLaunch(fn.prepare(grid, warps * 32, args))
 
 
 def silu_rows(gu, act, *, chunk: int, inter: int) -> ChunkLaunch:
     """act[t] = bf16(silu(gate[t]) * up[t]) with gu[t] = gate | up."""
-    fn = module("prefill_rope", HD=16, QK_NORM=0, BIAS=0).function("silu_rows", "iiPPi")
+    fn = _rows_module().function("silu_rows", "iiPPi")
+    # grid-stride loop over the chunk: at most 8 blocks per SM
     grid = max(1, min(math.ceil(chunk * inter / 4 / SILU_BLOCK), 8 * sm_count()))
     return ChunkLaunch(fn.prepare(grid, SILU_BLOCK, [0, 0, gu, act, inter]))
 
 
+ATTN_KV_TILE = 64  # cache rows per K/V tile of prefill_attn (its KV_TILE)
+ATTN_STAGES = 2  # cp.async double buffering
+ATTN_ROW_PAD = 8  # bf16 elements of padding per shared-memory row (16 bytes: ldmatrix reads no bank twice)
+
+
 def attn_smem(hd: int) -> int:
-    return 2 * 2 * ATTN_BN * (hd + 8) * 2
+    """Dynamic shared memory of prefill_attn: each stage holds a K and a V tile of padded bf16 rows."""
+    return ATTN_STAGES * 2 * ATTN_KV_TILE * (hd + ATTN_ROW_PAD) * 2
 
 
-def prefill_attn(q, k_cache, v_cache, out, *, chunk: int, nh: int, nkv: int, hd: int, max_ctx: int,
-                 warps: int = ATTN_WARPS) -> ChunkLaunch:
+def attn_max_group(warps: int = _DEFAULT.attn_warps) -> int:
+    """The largest GQA group prefill_attn takes: a block's 16 * warps query rows hold at least one token."""
+    return 16 * warps
+
+
+def prefill_attn(q, k_cache, v_cache, out, *, chunk: int, nh: int, kv_heads: int, hd: int, max_ctx: int,
+                 warps: int = _DEFAULT.attn_warps) -> ChunkLaunch:
     """Causal attention of the chunk's queries over cache rows [0, pos0 + t] -> out [chunk, nh * hd] bf16.
 
     A block takes 16 * warps query rows: (16 * warps) // group tokens times the group's heads.
     """
-    g = nh // nkv
-    tok = 16 * warps // g
-    fn = module("prefill_attn", HD=hd, G=g, WARPS=warps).function("prefill_attn", "iiPPPPi")
-    launch = fn.prepare((math.ceil(chunk / tok), nkv), warps * 32, [0, 0, q, k_cache, v_cache, out, max_ctx],
+    group = nh // kv_heads
+    tokens = attn_max_group(warps) // group
+    mod = module("prefill_attn", HEAD_DIM=hd, GROUP=group, WARPS=warps, KV_TILE=ATTN_KV_TILE)
+    fn = mod.function("prefill_attn", "iiPPPPi")
+    launch = fn.prepare((math.ceil(chunk / tokens), kv_heads), warps * 32, [0, 0, q, k_cache, v_cache, out, max_ctx],
                         smem=attn_smem(hd))
     return ChunkLaunch(launch)
 
@@ -107,16 +127,17 @@ class Gemm:
 
     def __call__(self, handle: int, t: int):
         # column-major view: y^T [n, T] = op(W)[n, k] x^T [k, T], W stored as [k, n] with ld k
-        self._gemm_ex(handle, OP_T, OP_N, self.n, t, self.k, self.alpha, self.w, R_16BF, self.k,
-                      self.x, R_16BF, self.k, self.beta, self.y, R_32F, self.n, COMPUTE_32F, GEMM_DEFAULT)
+        self._gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, self.n, t, self.k, self.alpha, self.w, CUDA_R_16BF, self.k,
+                      self.x, CUDA_R_16BF, self.k, self.beta, self.y, CUDA_R_32F, self.n, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT)
 
 
 def cublas_handle(stream) -> int:
-    """CuPy's cuBLAS handle of the current device, bound to `stream` with host scalars."""
+    """CuPy's cuBLAS handle of the current device, bound to `stream` with host scalars (alpha, beta)."""
     import cupy
     from cupy_backends.cuda.libs import cublas
 
     handle = cupy.cuda.device.get_cublas_handle()
     cublas.setStream(handle, stream.ptr)
-    cublas.setPointerMode(handle, 0)
+    cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST)
     return handle

@@ -3,7 +3,7 @@
 // Every thread gets the result; the order of the sums is fixed, so results are deterministic.
 #include "common.cuh"
 
-#define NWARPS (BLOCK / 32)
+#define BLOCK_WARPS (BLOCK / 32)
 
 struct Scratch {
     float f[32];
@@ -15,7 +15,7 @@ __device__ __forceinline__ float block_sum(float v, Scratch& s) {
     v = warp_sum(v);
     if (lane == 0) s.f[warp] = v;
     __syncthreads();
-    v = warp_sum(lane < NWARPS ? s.f[lane] : 0.f);
+    v = warp_sum(lane < BLOCK_WARPS ? s.f[lane] : 0.f);
     __syncthreads();
     return v;
 }
@@ -25,7 +25,7 @@ __device__ __forceinline__ float block_max(float v, Scratch& s) {
     v = warp_max(v);
     if (lane == 0) s.f[warp] = v;
     __syncthreads();
-    v = warp_max(lane < NWARPS ? s.f[lane] : NEG_INF);
+    v = warp_max(lane < BLOCK_WARPS ? s.f[lane] : NEG_INF);
     __syncthreads();
     return v;
 }
@@ -41,7 +41,7 @@ __device__ __forceinline__ int block_sum_int(int v, Scratch& s) {
     v = warp_sum_int(v);
     if (lane == 0) s.i[warp] = v;
     __syncthreads();
-    v = warp_sum_int(lane < NWARPS ? s.i[lane] : 0);
+    v = warp_sum_int(lane < BLOCK_WARPS ? s.i[lane] : 0);
     __syncthreads();
     return v;
 }
@@ -63,8 +63,8 @@ __device__ __forceinline__ int block_argmax(float v, int i, Scratch& s) {
         s.i[warp] = i;
     }
     __syncthreads();
-    v = lane < NWARPS ? s.f[lane] : NEG_INF;
-    i = lane < NWARPS ? s.i[lane] : 0x7fffffff;
+    v = lane < BLOCK_WARPS ? s.f[lane] : NEG_INF;
+    i = lane < BLOCK_WARPS ? s.i[lane] : 0x7fffffff;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
     __syncthreads();
@@ -82,7 +82,7 @@ __device__ __forceinline__ int block_scan(int v, int* total, Scratch& s) {
     }
     if (lane == 31) s.i[warp] = x;
     __syncthreads();
-    int w = lane < NWARPS ? s.i[lane] : 0;
+    int w = lane < BLOCK_WARPS ? s.i[lane] : 0;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
         const int y = __shfl_up_sync(0xffffffffu, w, o);

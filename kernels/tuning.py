@@ -18,6 +18,19 @@ class AttnTuning:
     warps: int = 8  # warps per attn_decode block
     min_chunk: int = 64  # cache rows per active split at least
 
+    def __post_init__(self):
+        assert self.warps in (1, 2, 4, 8, 16) and self.min_chunk >= 1, self
+
+
+@dataclass(frozen=True)
+class PrefillTuning:
+    chunk: int = 512  # prompt positions per pass (the scratch buffers' row count)
+    attn_warps: int = 4  # warps per prefill_attn block (16 query rows each)
+    row_warps: int = 4  # warps per block of the per-token row kernels (one row or head each)
+
+    def __post_init__(self):
+        assert self.chunk >= 1 and self.attn_warps in (1, 2, 4, 8) and self.row_warps >= 1, self
+
 
 @dataclass(frozen=True)
 class Tuning:
@@ -25,4 +38,6 @@ class Tuning:
 
     gemv: GemvTuning = field(default_factory=GemvTuning)
     attn: AttnTuning = field(default_factory=AttnTuning)
+    prefill: PrefillTuning = field(default_factory=PrefillTuning)
+    rope_warps: int = 4  # warps per rope_append block (one head each)
     splits: int | None = None  # attention splits; None: one full wave of resident blocks

@@ -16,10 +16,10 @@ import ml_dtypes
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.reference import LOG2E, rope_tables
 from engine.weights import ModelWeights
+from kernels.numerics import LOG2E, rope_tables, softmax_scale2
+from kernels.prefill_ops import ATTN_KV_TILE as TILE  # keys per flash-attention tile
 
-TILE = 64  # keys per flash-attention tile (prefill_attn.cu BN)
 # Relative L2 error allowed against this emulation: the first layer's K/V (only the float32 order of
 # one GEMM lies before them), the later layers' K/V (rounding flips upstream move them by up to
 # 1.8e-3 on the test models), the last token's logits (up to 4.6e-3). A 2% error in the softmax
@@ -102,8 +102,8 @@ def prefill_bf16(cfg: ModelConfig, weights: ModelWeights, ids, *, scale: float |
     ids = np.asarray(ids, np.int64).reshape(-1)
     t, hd, nh, nkv, eps = ids.size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps
     g, qs, kvs, inter = nh // nkv, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    qscale = np.float32((hd**-0.5 if scale is None else scale) * LOG2E)
-    cos, sin = rope_tables(cfg, t)
+    qscale = np.float32(softmax_scale2(hd) if scale is None else scale * LOG2E)
+    cos, sin = rope_tables(cfg.inv_freq(), t)
     cos, sin = cos[:, None, :], sin[:, None, :]
     x = _f32(weights.embed)[ids]
     ks, vs = [], []
@@ -123,7 +123,8 @@ def prefill_bf16(cfg: ModelConfig, weights: ModelWeights, ids, *, scale: float |
         attn = np.empty((t, nh, hd), np.float32)
         for h in range(nkv):
             attn[:, h * g : (h + 1) * g] = _attention(q[:, h * g : (h + 1) * g], k[:, h], v[:, h], m)
-        x = x + m.mm(attn.reshape(t, qs), _f32(lw.wo).T)
+        out = m.mm(attn.reshape(t, qs), _f32(lw.wo).T)
+        x = x + (out if lw.bo is None else out + _f32(lw.bo))
         gu = m.mm(bf16(m.rms(x, _f32(lw.mlp_norm), eps)), _f32(lw.w_gate_up).T)
         gate, up = gu[:, :inter], gu[:, inter:]
         with np.errstate(over="ignore"):

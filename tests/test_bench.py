@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from engine.bench import TG_TOKENS, kernel_kinds, kind_bytes
+from engine.bench import TG_TOKENS, kind_bytes
 from engine.shapes import SHAPES, decode_bytes, shape
+from graphs.decode import STEP_KINDS
+from kernels.tuning import Tuning
 from tests.test_cli import assert_one_line_error, gdecode
 
 
@@ -15,13 +17,19 @@ def test_llama3_8b_roofline_matches_peers():
 
 
 def test_breakdown_bytes_cover_the_step():
+    from graphs.decode import STEP_KINDS
+
     cfg = shape("qwen2.5-0.5b")
-    per_kind = kind_bytes(cfg, 1, 32)
-    weights = sum(per_kind[k] for k in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"))
+    per_kind = kind_bytes(cfg, 1, 32, 64)
+    assert set(per_kind) == set(STEP_KINDS), "every launch kind of the step has a byte count"
+    weights = sum(per_kind[k] for k in ("qkv_proj", "o_proj", "gate_up", "down_proj", "lm_head"))
     assert weights == pytest.approx(decode_bytes(cfg, 0), rel=1e-3)
-    assert len(kernel_kinds(cfg, 2 + 7 * cfg.num_layers + 1)) == 2 + 7 * cfg.num_layers + 1
-    with pytest.raises(RuntimeError):
-        kernel_kinds(cfg, 5)
+    # attention reads the K/V rows, plus the partials of the active splits once there is more than one
+    kv_row = 2 * 2 * cfg.kv_size * cfg.num_layers
+    one_split = kind_bytes(cfg, 64, 32, 64)["attn"]
+    assert one_split - per_kind["attn"] == 63 * kv_row
+    partials = 2 * cfg.num_heads * 2 * (cfg.head_dim + 2) * 4 * cfg.num_layers
+    assert kind_bytes(cfg, 65, 32, 64)["attn"] - one_split == kv_row + partials
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -65,11 +73,12 @@ def test_bench_json_fields_agree():
             assert x["mode"] in ("prefill", "replay") and x["gb_s"] is None and x["pct_copy"] is None, name
     # the breakdown: one eager step at the last depth, every launch of it counted once
     kinds = out["breakdown"]
-    n_launches = sum(k["launches"] for k in kinds)
-    counts = {k: kernel_kinds(cfg, n_launches).count(k) for k in set(kernel_kinds(cfg, n_launches))}
-    assert {k["kernel"]: k["launches"] for k in kinds} == counts
-    assert {"qkv_proj", "attn_partial", "lm_head", "sample"} <= set(counts)
-    nbytes = kind_bytes(cfg, 600 + 1, rows["tg128"]["splits"])
+    once = {"embed", "lm_head", "sample"}
+    counts = {k["kernel"]: k["launches"] for k in kinds}
+    assert {"embed", "qkv_proj", "attn", "o_proj", "gate_up", "down_proj", "lm_head", "sample"} <= set(counts)
+    assert set(counts) <= set(STEP_KINDS)
+    assert all(n == (1 if kind in once else cfg.num_layers) for kind, n in counts.items()), counts
+    nbytes = kind_bytes(cfg, 600 + 1, rows["tg128"]["splits"], Tuning().attn.min_chunk)
     for k in kinds:
         assert k["ms"] > 0 and k["us_per_launch"] == pytest.approx(1e3 * k["ms"] / k["launches"], rel=1e-9)
         assert k["gb_s"] == pytest.approx(nbytes[k["kernel"]] / (k["ms"] * 1e-3) / 1e9, rel=1e-9)

@@ -18,6 +18,7 @@ from engine.errors import GDecodeError
 from engine.reference import ReferenceModel
 from engine.sampling import SamplingParams, sample
 from engine.weights import LayerWeights, ModelWeights, load_weights
+from kernels.tuning import AttnTuning, Tuning
 from tests.tiny import make_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -87,12 +88,21 @@ def ring_token(be, j):
     return int(be.bufs.ring[j % be.bufs.ring_size])
 
 
-@pytest.mark.parametrize("splits", [8, 32])
+def tuned(splits, min_chunk=None):
+    return Tuning(splits=splits, attn=AttnTuning() if min_chunk is None else AttnTuning(min_chunk=min_chunk))
+
+
+# (splits, min_chunk): the default min_chunk (one or two active splits over these few rows), and a
+# small one, so every split is active well before the end of the run
+SPLIT_CASES = [(8, None), (32, None), (8, 1), (32, 1)]
+
+
+@pytest.mark.parametrize("splits,min_chunk", SPLIT_CASES)
 @pytest.mark.parametrize("name", list(MODELS))
-def test_step_parity_with_reference(tiny, name, splits):
+def test_step_parity_with_reference(tiny, name, splits, min_chunk):
     cfg, w = tiny(name)
     ctx = 128
-    be = backend(cfg, w, max_context=ctx, attn_splits=splits)
+    be = backend(cfg, w, max_context=ctx, tuning=tuned(splits, min_chunk))
     ref, refb = reference(cfg, w, ctx, splits), reference(cfg, w, ctx, splits, bf16_kv=True)
     want, wantb = ref.prefill(PROMPT, return_all=True), refb.prefill(PROMPT, return_all=True)
     be.start(PROMPT)
@@ -108,19 +118,21 @@ def test_step_parity_with_reference(tiny, name, splits):
         worst, worst_b = max(worst, rel(got, r)), max(worst_b, rel(got, rb))
         tok = ring_token(be, j)
         assert tok == (PROMPT[j + 1] if j + 1 < len(PROMPT) else int(np.argmax(got)))
-    print(f"{name} splits={splits}: worst rel err {worst:.2e} (fp32 KV ref), {worst_b:.2e} (bf16 KV ref)")
+    print(f"{name} splits={splits} min_chunk={min_chunk}: worst rel err {worst:.2e} (fp32 KV ref), "
+          f"{worst_b:.2e} (bf16 KV ref)")
     assert worst < 5e-2 and worst_b < 2e-3
     assert be.bufs.guards_intact()
 
 
+@pytest.mark.parametrize("splits,min_chunk", [(8, None), (32, 1)])
 @pytest.mark.parametrize("name", ["qwen2", "qwen3-wide"])
-def test_graph_replay_matches_eager_bitwise(tiny, name):
+def test_graph_replay_matches_eager_bitwise(tiny, name, splits, min_chunk):
     cfg, w = tiny(name)
     runs = {}
     kinds = {"graph": {}, "eager": {"use_graph": False}, "graph+pdl": {"pdl": True}, "graph-pdl": {"pdl": False},
              "eager-pdl": {"use_graph": False, "pdl": False}}
     for key, kw in kinds.items():
-        be = backend(cfg, w, max_context=96, attn_splits=8, **kw)
+        be = backend(cfg, w, max_context=96, tuning=tuned(splits, min_chunk), **kw)
         be.start(PROMPT)
         out = []
         for _ in range(len(PROMPT) + 64):
@@ -134,18 +146,16 @@ def test_graph_replay_matches_eager_bitwise(tiny, name):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
-def test_step_parity_with_many_active_splits(tiny, name, monkeypatch):
-    from kernels import ops
-
-    monkeypatch.setattr(ops, "ATTN_MIN_CHUNK", 3)  # up to 32 active splits within the prompt + 40 steps
+def test_step_parity_with_many_active_splits(tiny, name):
+    """Rows far past splits x min_chunk: all 32 splits active for most of 250 steps, chunks growing."""
     cfg, w = tiny(name)
-    ctx, splits = 96, 32
-    be = backend(cfg, w, max_context=ctx, attn_splits=splits)
+    ctx, splits, steps = 288, 32, 250
+    be = backend(cfg, w, max_context=ctx, tuning=tuned(splits, 3))
     refb = reference(cfg, w, ctx, splits, bf16_kv=True)
     want = refb.prefill(PROMPT, return_all=True)
     be.start(PROMPT)
     worst, tok = 0.0, None
-    for j in range(len(PROMPT) + 40):
+    for j in range(len(PROMPT) + steps):
         be.replay()
         got = be.step_logits()
         worst = max(worst, rel(got, want[j] if j < len(PROMPT) else refb.decode(tok)))
@@ -157,7 +167,7 @@ def test_step_parity_with_many_active_splits(tiny, name, monkeypatch):
 
 def test_hundred_replays_chain_on_the_device(tiny):
     cfg, w = tiny("llama")
-    be = backend(cfg, w, max_context=160, attn_splits=32)
+    be = backend(cfg, w, max_context=160, tuning=tuned(32))
     refb = reference(cfg, w, 160, 32, bf16_kv=True)
     be.start(PROMPT)
     tokens = []
@@ -198,7 +208,7 @@ def test_sampled_tokens_follow_the_host_sampler(tiny):
 def test_context_limit_stops_and_never_writes_past_the_cache(tiny):
     cfg, w = tiny("mistral")
     ctx = 24
-    be = backend(cfg, w, max_context=ctx, attn_splits=8)
+    be = backend(cfg, w, max_context=ctx, tuning=tuned(8))
     got = list(be.generate(PROMPT, GREEDY, 100))
     assert len(got) == ctx - len(PROMPT) + 1
     assert be.bufs.guards_intact()
@@ -206,7 +216,7 @@ def test_context_limit_stops_and_never_writes_past_the_cache(tiny):
     st = be.device_state()
     assert st["pos"] == ctx and be.bufs.guards_intact()
     assert np.isfinite(be.step_logits()).all()
-    with pytest.raises(GDecodeError, match="context holds"):
+    with pytest.raises(GDecodeError, match="not fit the context"):
         be.start(list(range(1, ctx + 2)))
 
 

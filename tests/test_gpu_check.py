@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh counts GPU tests as run only when some passed: not when none were collected,
+"""dev/gpu_check.sh counts GPU tests as run only when some passed: not when none were collected,
 all skipped, or any failed."""
 
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "dev"))
 from gpu_tests_ran import verdict  # noqa: E402
 
 BODIES = {
@@ -55,7 +55,7 @@ def test_gpu_check_fails_when_every_gpu_test_skips(tmp_path):
     (tests / "test_x.py").write_text("import pytest\n\npytestmark = pytest.mark.gpu\n\n" + BODIES["skipped"])
     env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_TESTS": str(tests), "PYTHON": sys.executable,
            "GDECODE_BENCH_ARGS": "--shape smollm2-135m --tests tg128", "GPU_CHECK_BENCH_TIMEOUT": "60"}
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+    r = subprocess.run(["bash", str(ROOT / "dev" / "gpu_check.sh")], env=env, capture_output=True, text=True,
                        timeout=300)
     summary = r.stdout[r.stdout.rindex("==== summary ===="):]
     row = next(line for line in summary.splitlines() if line.startswith("pytest -m gpu"))

@@ -7,7 +7,6 @@ import pytest
 from cuda.bindings import driver
 
 from graphs.graph import GraphCaptureError, capture
-from kernels import launch
 from kernels.cuda import CudaError, check, device_attribute, init, shared_stream
 from kernels.launch import Module, pack_args
 
@@ -106,7 +105,7 @@ def test_pack_args_builds_pointer_array():
 def test_replay_matches_eager(cp, stream, module, inputs):
     x, s = inputs
     eager, graphed = Chain(cp, module, x, s), Chain(cp, module, x, s)
-    graph = capture(stream, lambda: graphed.run(stream))
+    graph = capture(stream, graphed.launches)
     try:
         assert len(graph.kernel_nodes()) == 4 and graph.launches == graphed.launches
         with stream:
@@ -130,7 +129,7 @@ def test_replay_matches_eager(cp, stream, module, inputs):
 def test_node_update_points_at_new_buffer(cp, stream, module, inputs):
     x, s = inputs
     ref, chain = Chain(cp, module, x, s), Chain(cp, module, x, s)
-    graph = capture(stream, lambda: chain.run(stream))
+    graph = capture(stream, chain.launches)
     try:
         nodes = graph.kernel_nodes()
         assert len(nodes) == 4 and {graph.launch_of(n) for n in nodes} == set(chain.launches)
@@ -165,26 +164,23 @@ def test_failed_capture_leaves_stream_usable(cp, stream, module, inputs):
     x, s = inputs
     ref, chain = Chain(cp, module, x, s), Chain(cp, module, x, s)
 
-    def raises():
-        chain.run(stream)
+    def raises(h):
         raise ValueError("boom")
 
-    def illegal():
-        chain.launches[0](stream)
-        check(driver.cuStreamSynchronize(stream.ptr), "cuStreamSynchronize")
+    def illegal(h):
+        check(driver.cuStreamSynchronize(h), "cuStreamSynchronize")
 
     with pytest.raises(GraphCaptureError, match="boom"):
-        capture(stream, raises)
+        capture(stream, [*chain.launches, raises])
     with pytest.raises(GraphCaptureError, match="cuStreamSynchronize"):
-        capture(stream, illegal)
+        capture(stream, [chain.launches[0], illegal])
     status = check(driver.cuStreamIsCapturing(stream.ptr), "cuStreamIsCapturing")
     assert status == driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
-    assert not launch.capture_hooks
 
     chain.poison(stream)
     chain.run(stream)
     check_reference(cp, stream, x, s, chain)
-    with capture(stream, lambda: chain.run(stream)) as graph:
+    with capture(stream, chain.launches) as graph:
         chain.poison(stream)
         graph.replay(stream)
         ref.run(stream)
@@ -204,7 +200,7 @@ def test_programmatic_dependent_launch(cp, stream, module, inputs):
     pdl.run(stream)
     stream.synchronize()
     assert int(count_mismatches(cp, plain, pdl)) == 0
-    with capture(stream, lambda: pdl.run(stream)) as graph:
+    with capture(stream, pdl.launches) as graph:
         for _ in range(10):
             refill(cp, stream, x, s)
             plain.poison(stream)
@@ -243,7 +239,7 @@ def test_host_cost_per_replay_and_launch(cp, stream, module, inputs, capsys):
         for launch_ in launches:
             launch_(stream)
 
-    graph = capture(stream, step)
+    graph = capture(stream, launches)
     batches, per_batch = 10, 100  # sync between batches so a full launch queue never blocks the host
     n = batches * per_batch
     try:

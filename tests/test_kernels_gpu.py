@@ -11,9 +11,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from engine.reference import rope_tables, split_kv_partials
+from engine.reference import combine_splits, split_kv_partials
 from engine.sampling import SamplingParams, sample
 from graphs.buffers import STATE_DTYPE
+from kernels.numerics import active_splits, rope_tables
+from kernels.tuning import AttnTuning
 
 pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
@@ -188,7 +190,7 @@ def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks, m
 
     n = (nh + 2 * nkv) * hd
     ctx, eps = 200, 1e-5
-    cos, sin = rope_tables(_rope_cfg(nh, nkv, hd), ctx)
+    cos, sin = rope_tables(_rope_cfg(nh, nkv, hd).inv_freq(), ctx)
     d_cos, d_sin = cp.asarray(cos), cp.asarray(sin)
     wb, wf = bf16(rng.standard_normal((n, k)) / math.sqrt(k))
     d_w = cp.asarray(wb)
@@ -246,7 +248,7 @@ def test_rope_append(cp, rng, nh, nkv, hd, qk_norm):
                       max_position_embeddings=8192, tie_word_embeddings=False, attention_bias=False,
                       qk_norm=qk_norm, rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64))
     ctx, eps = 300, 1e-6
-    cos, sin = rope_tables(cfg, ctx)
+    cos, sin = rope_tables(cfg.inv_freq(), ctx)
     qn = (0.5 + rng.random(hd)).astype(np.float32)
     kn = (0.5 + rng.random(hd)).astype(np.float32)
     for pos in [0, 1, 77, ctx - 1, ctx + 40]:
@@ -256,8 +258,8 @@ def test_rope_append(cp, rng, nh, nkv, hd, qk_norm):
         kc = cp.full(nkv * ctx * hd, 0x7FC0, cp.uint16)  # bf16 NaN
         vc = kc.copy()
         launch = ops.rope_append(d_qkv, cp.asarray(qn) if qk_norm else None, cp.asarray(kn) if qk_norm else None,
-                                 cp.asarray(cos), cp.asarray(sin), state(cp, pos=pos), kc, vc, nh=nh, nkv=nkv,
-                                 hd=hd, max_ctx=ctx, eps=eps)
+                                 cp.asarray(cos), cp.asarray(sin), state(cp, pos=pos), kc, vc, nh=nh,
+                                 kv_heads=nkv, hd=hd, max_ctx=ctx, eps=eps)
         run(cp, launch)
         p = min(pos, ctx - 1)
         v = qkv[(nh + nkv) * hd :].reshape(nkv, hd)
@@ -285,8 +287,8 @@ def _rope_ref(x, g, c, s, eps):
 ATTN_HEADS = [(9, 3, 64), (14, 2, 64), (32, 8, 128), (4, 1, 16), (8, 8, 128), (8, 4, 64)]
 
 
-def _attn_nkvs(splits, top=300):
-    """nkv = k*chunk - 1, k*chunk, k*chunk + 1 for several chunk sizes, and nkv < splits."""
+def _attn_rows(splits, top=300):
+    """n_cached = k*chunk - 1, k*chunk, k*chunk + 1 for several chunk sizes, and n_cached < splits."""
     out = {1, 2, 3, splits - 1, splits, splits + 1, top}
     for chunk in (1, 2, 5, 9):
         for k in (1, splits // 2, splits - 1, splits):
@@ -294,106 +296,90 @@ def _attn_nkvs(splits, top=300):
     return sorted(n for n in out if 1 <= n <= top)
 
 
-@pytest.mark.parametrize("splits", [8, 32])
+class AttnCase:
+    """Cache, query and output buffers of one attention shape; cache rows past n_cached hold NaN."""
+
+    def __init__(self, cp, rng, nh, kv_heads, hd, splits, ctx):
+        self.cp, self.nh, self.kv_heads, self.hd, self.splits, self.ctx = cp, nh, kv_heads, hd, splits, ctx
+        self.kb, self.kf = bf16(rng.standard_normal((kv_heads, ctx, hd)))
+        self.vb, self.vf = bf16(rng.standard_normal((kv_heads, ctx, hd)))
+        self.pm = cp.empty((nh, splits), cp.float32)
+        self.pl, self.pacc = cp.empty_like(self.pm), cp.empty((nh, splits, hd), cp.float32)
+        self.out = cp.empty(nh * hd, cp.float32)
+        self.counters = cp.zeros(kv_heads, cp.uint32)
+
+    def run(self, q, n_cached, tuning, k=None):
+        """attn_decode at position n_cached - 1 (clamped by the kernel to the cache); returns out [nh, hd]."""
+        from kernels.attention import attn_decode
+
+        cp, rows = self.cp, min(n_cached, self.ctx)
+        kp, vp = (self.kb if k is None else k).copy(), self.vb.copy()
+        kp[:, rows:], vp[:, rows:] = 0x7FC0, 0x7FC0  # reading a row past the cached ones would show
+        for a in (self.pm, self.pl, self.pacc, self.out):
+            a.fill(np.nan)  # splits past the active ones keep NaN: merging one would show
+        run(cp, attn_decode(cp.asarray(q), cp.asarray(kp), cp.asarray(vp), state(cp, pos=n_cached - 1), self.pm,
+                            self.pl, self.pacc, self.out, self.counters, nh=self.nh, kv_heads=self.kv_heads,
+                            hd=self.hd, splits=self.splits, max_ctx=self.ctx, tuning=tuning))
+        assert (self.counters.get() == 0).all(), "the merging block resets its counter"
+        return self.out.get().reshape(self.nh, self.hd)
+
+
+@pytest.mark.parametrize("splits", [8, 32, 128])
 @pytest.mark.parametrize("nh,nkv,hd", ATTN_HEADS)
 def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits):
-    from engine.reference import combine_splits
-    from kernels import ops
-
-    ctx = 320
-    kb, kf = bf16(rng.standard_normal((nkv, ctx, hd)))
-    vb, vf = bf16(rng.standard_normal((nkv, ctx, hd)))
+    """min_chunk 1: every split is active from n_cached = splits on, so chunk boundaries move with n_cached;
+    the partials the merging block reads are checked too (they are left in pm, pl, pacc)."""
+    case = AttnCase(cp, rng, nh, nkv, hd, splits, ctx=320)
     q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
-    d_q = cp.asarray(q)
-    pm = cp.empty((nh, splits), cp.float32)
-    pl, pacc = cp.empty_like(pm), cp.empty((nh, splits, hd), cp.float32)
-    out = cp.empty(nh * hd, cp.float32)
-    for nkv_rows in _attn_nkvs(splits):
-        # rows past nkv hold NaN: reading one would poison the result
-        kp, vp = kb.copy(), vb.copy()
-        kp[:, nkv_rows:], vp[:, nkv_rows:] = 0x7FC0, 0x7FC0
-        d_k, d_v = cp.asarray(kp), cp.asarray(vp)
-        st = state(cp, pos=nkv_rows - 1)
-        for a in (pm, pl, pacc, out):
-            a.fill(np.nan)
-        run(cp, ops.attn_partial(d_q, d_k, d_v, st, pm, pl, pacc, nh=nh, nkv=nkv, hd=hd, splits=splits,
-                                 max_ctx=ctx))
-        run(cp, ops.attn_combine(pm, pl, pacc, out, nh=nh, hd=hd, splits=splits))
-        m_ref, l_ref, acc_ref = split_kv_partials(q.reshape(nh, hd), kf, vf, nkv_rows, splits)
-        m, l, acc = pm.get().T, pl.get().T, pacc.get().transpose(1, 0, 2)
-        empty = l_ref == 0
-        assert (np.isneginf(m[empty])).all() and (l[empty] == 0).all() and (acc[empty] == 0).all()
-        live = ~empty
-        assert np.allclose(m[live], m_ref[live], rtol=1e-5, atol=1e-5)
-        assert rel(l[live], l_ref[live]) < FP32_TOL
-        assert rel(acc[live], acc_ref[live]) < FP32_TOL
+    for n_cached in _attn_rows(splits):
+        out = case.run(q, n_cached, AttnTuning(min_chunk=1))
+        active = active_splits(n_cached, splits, 1)
+        m_ref, l_ref, acc_ref = split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, n_cached, active)
+        if active > 1:
+            m = case.pm.get()[:, :active].T
+            l, acc = case.pl.get()[:, :active].T, case.pacc.get()[:, :active].transpose(1, 0, 2)
+            empty = l_ref == 0
+            assert (np.isneginf(m[empty])).all() and (l[empty] == 0).all() and (acc[empty] == 0).all()
+            live = ~empty
+            assert np.allclose(m[live], m_ref[live], rtol=1e-5, atol=1e-5)
+            assert rel(l[live], l_ref[live]) < FP32_TOL
+            assert rel(acc[live], acc_ref[live]) < FP32_TOL
         ref = combine_splits(m_ref, l_ref, acc_ref)
-        assert rel(out.get().reshape(nh, hd), ref) < FP32_TOL, f"nkv={nkv_rows}"
+        assert rel(out, ref) < FP32_TOL, f"n_cached={n_cached} active={active}"
 
 
 @pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("splits,min_chunk", [(8, 1), (32, 4), (128, 2)])
 @pytest.mark.parametrize("nh,nkv,hd", ATTN_HEADS)
-def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min_chunk, warps, monkeypatch):
-    from engine.reference import combine_splits
-    from kernels import ops
-
-    monkeypatch.setattr(ops, "ATTN_WARPS", warps)
-
-    ctx = 320
-    kb, kf = bf16(rng.standard_normal((nkv, ctx, hd)))
-    vb, vf = bf16(rng.standard_normal((nkv, ctx, hd)))
-    pm = cp.empty((nh, splits), cp.float32)
-    pl, pacc = cp.empty_like(pm), cp.empty((nh, splits, hd), cp.float32)
-    out = cp.empty(nh * hd, cp.float32)
-    counters = cp.zeros(nkv, cp.uint32)
-    for nkv_rows in _attn_nkvs(splits) + [ctx, ctx + 7]:
+def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min_chunk, warps):
+    case = AttnCase(cp, rng, nh, nkv, hd, splits, ctx=320)
+    tuning = AttnTuning(warps=warps, min_chunk=min_chunk)
+    for n_cached in _attn_rows(splits) + [case.ctx, case.ctx + 7]:
         q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
-        rows = min(nkv_rows, ctx)
-        kp, vp = kb.copy(), vb.copy()
-        kp[:, rows:], vp[:, rows:] = 0x7FC0, 0x7FC0
-        st = state(cp, pos=nkv_rows - 1)
-        for a in (pm, pl, pacc, out):
-            a.fill(np.nan)  # splits past the active ones keep NaN: merging one would show
-        run(cp, ops.attn_decode(cp.asarray(q), cp.asarray(kp), cp.asarray(vp), st, pm, pl, pacc, out, counters,
-                                nh=nh, nkv=nkv, hd=hd, splits=splits, max_ctx=ctx, min_chunk=min_chunk))
-        active = min(splits, -(-rows // min_chunk))
-        ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), kf, vf, rows, active))
-        assert rel(out.get().reshape(nh, hd), ref) < FP32_TOL, f"nkv={nkv_rows} active={active}"
-        assert (counters.get() == 0).all(), "the merging block resets its counter"
+        out = case.run(q, n_cached, tuning)
+        rows = min(n_cached, case.ctx)
+        active = active_splits(rows, splits, min_chunk)
+        ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, rows, active))
+        assert rel(out, ref) < FP32_TOL, f"n_cached={n_cached} active={active}"
 
 
 @pytest.mark.parametrize("ramp", [False, True])
 @pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("nh,nkv,hd", [(32, 8, 128), (14, 2, 64)])
-def test_attention_long_splits(cp, rng, nh, nkv, hd, warps, ramp, monkeypatch):
+def test_attention_long_splits(cp, rng, nh, nkv, hd, warps, ramp):
     """Thousands of rows per split. With ramp, keys grow along the cache, so each warp's running max
     keeps rising far past its first rows (the kernel rescales only when it rises a lot)."""
-    from engine.reference import combine_splits
-    from kernels import ops
-
-    monkeypatch.setattr(ops, "ATTN_WARPS", warps)
     ctx, splits = 6000, 3
+    case = AttnCase(cp, rng, nh, nkv, hd, splits, ctx)
     k = rng.standard_normal((nkv, ctx, hd))
     if ramp:
         k *= np.linspace(0.05, 4.0, ctx)[None, :, None]
     kb, kf = bf16(k)
-    vb, vf = bf16(rng.standard_normal((nkv, ctx, hd)))
-    pm = cp.empty((nh, splits), cp.float32)
-    pl, pacc = cp.empty_like(pm), cp.empty((nh, splits, hd), cp.float32)
-    out = cp.empty(nh * hd, cp.float32)
-    counters = cp.zeros(nkv, cp.uint32)
     for rows in (5999, 4097, 1000):
         q = (rng.standard_normal(nh * hd) * (2.0 if ramp else 0.3)).astype(np.float32)
-        kp, vp = kb.copy(), vb.copy()
-        kp[:, rows:], vp[:, rows:] = 0x7FC0, 0x7FC0
-        for a in (pm, pl, pacc, out):
-            a.fill(np.nan)
-        run(cp, ops.attn_decode(cp.asarray(q), cp.asarray(kp), cp.asarray(vp), state(cp, pos=rows - 1), pm, pl,
-                                pacc, out, counters, nh=nh, nkv=nkv, hd=hd, splits=splits, max_ctx=ctx,
-                                min_chunk=1))
-        ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), kf, vf, rows, splits))
-        assert rel(out.get().reshape(nh, hd), ref) < FP32_TOL, f"nkv={rows}"
+        out = case.run(q, rows, AttnTuning(warps=warps, min_chunk=1), k=kb)
+        ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), kf, case.vf, rows, splits))
+        assert rel(out, ref) < FP32_TOL, f"n_cached={rows}"
 
 
 def _sampler(cp, vocab, max_ctx=64):

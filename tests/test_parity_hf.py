@@ -134,7 +134,7 @@ def test_context_full_raises(tmp_path):
     model = ReferenceModel(cfg, load_weights(d, cfg), max_context=PROMPT_LEN + 1)
     model.prefill(prompt(320))
     model.decode(3)
-    with pytest.raises(GDecodeError, match="context full"):
+    with pytest.raises(GDecodeError, match="not fit the context"):
         model.decode(4)
     with pytest.raises(GDecodeError, match="out of range"):
         ReferenceModel(cfg, load_weights(d, cfg), 8).prefill([cfg.vocab_size])

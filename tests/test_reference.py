@@ -11,11 +11,11 @@ from engine.reference import (
     causal_attention,
     combine_splits,
     rms_norm,
-    rope_tables,
     split_kv_attention,
     split_kv_partials,
 )
 from engine.shapes import SHAPES
+from kernels.numerics import rope_tables
 
 
 def plain_attention(q, k, v, nkv):
@@ -108,7 +108,7 @@ def cfg(head_dim=16, theta=10000.0, scaling=None):
 
 def test_rope_rotate_half_layout():
     c = cfg()
-    cos, sin = rope_tables(c, 40)
+    cos, sin = rope_tables(c.inv_freq(), 40)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((40, 3, 16)).astype(np.float32)
     y = apply_rope(x, cos, sin)
@@ -122,7 +122,7 @@ def test_rope_rotate_half_layout():
 
 
 def test_rope_relative_position():
-    cos, sin = rope_tables(cfg(), 64)
+    cos, sin = rope_tables(cfg().inv_freq(), 64)
     rng = np.random.default_rng(4)
     q, k = rng.standard_normal((2, 1, 1, 16)).astype(np.float32)
 
@@ -142,7 +142,7 @@ def test_rope_llama3_scaling_changes_low_frequencies_only():
     np.testing.assert_allclose(scaled[wl > 64], plain[wl > 64] / 8)
     mid = (wl >= 16) & (wl <= 64)
     assert mid.any() and ((scaled[mid] < plain[mid]) & (scaled[mid] > plain[mid] / 8)).all()
-    cos, _ = rope_tables(cfg(scaling=s), 5)
+    cos, _ = rope_tables(cfg(scaling=s).inv_freq(), 5)
     np.testing.assert_allclose(cos[3], np.cos(3 * scaled), atol=1e-6)
 
 
@@ -193,7 +193,7 @@ def test_rope_tables_at_long_positions(name):
     c = SHAPES[name]
     inv = plain_inv_freq(c)
     np.testing.assert_allclose(c.inv_freq(), inv, rtol=1e-13, atol=0)
-    cos, sin = rope_tables(c, 131072)
+    cos, sin = rope_tables(c.inv_freq(), 131072)
     assert cos.dtype == sin.dtype == np.float32 and cos.shape == sin.shape == (131072, c.head_dim // 2)
     pos = np.array(LONG, np.float64)[:, None]
     np.testing.assert_allclose(cos[LONG], np.cos(pos * inv), rtol=0, atol=ROPE_ATOL)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test, a short benchmark and the device copy bandwidth, with a summary table last.
-# Run from the repository root: PYTHONPATH=. bash scripts/gpu_check.sh
+# Run from the repository root: PYTHONPATH=. bash dev/gpu_check.sh
 # It never stops at the first failure; full logs go to $OUT/gpu_check (or /tmp/gpu_check).
 # It fails unless GPU tests really ran: with GDECODE_REQUIRE_GPU=1 a missing or broken GPU fails
 # them instead of skipping, and "nothing collected" or "all skipped" is a failure too.
@@ -61,7 +61,7 @@ timeout "${GPU_CHECK_PYTEST_TIMEOUT:-420}" "$PY" -m pytest -q -m gpu "${WORKERS[
 rc=${PIPESTATUS[0]}
 if [ "$rc" -eq 124 ]; then
     fail "pytest -m gpu" "TIMEOUT after ${GPU_CHECK_PYTEST_TIMEOUT:-420}s"
-elif line=$("$PY" scripts/gpu_tests_ran.py "$rc" "$LOGS/pytest.xml" 2>&1); then
+elif line=$("$PY" dev/gpu_tests_ran.py "$rc" "$LOGS/pytest.xml" 2>&1); then
     record "pytest -m gpu" "$line"
 else
     fail "pytest -m gpu" "$line"

@@ -1,6 +1,6 @@
 """Batched prefill on random weights: pp512, pp512 at a depth, time to first token, and where the time goes.
 
-    PYTHONPATH=. python3 scripts/prefill_bench.py [--shapes llama3-8b qwen2.5-0.5b] [--depth 8192] [--ttft 2048]
+    PYTHONPATH=. python3 dev/prefill_bench.py [--shapes llama3-8b qwen2.5-0.5b] [--depth 8192] [--ttft 2048]
 
 Times are CUDA-event medians after warm-up; TTFT is wall clock from the request to the first
 sampled token on the host (state upload, prefill of n-1 tokens, one decode step, ring read).
@@ -85,7 +85,7 @@ def attn_variants(cp, pf, pos0: int, t: int, reps: int) -> str:
     out = []
     for warps in (4, 8):
         launches = [pops.prefill_attn(pf.q, *b.layer_cache(i), pf.attn, chunk=pf.chunk, nh=cfg.num_heads,
-                                      nkv=cfg.num_kv_heads, hd=cfg.head_dim, max_ctx=b.max_context, warps=warps)
+                                      kv_heads=cfg.num_kv_heads, hd=cfg.head_dim, max_ctx=b.max_context, warps=warps)
                     for i in range(cfg.num_layers)]
 
         def all_layers(launches=launches):

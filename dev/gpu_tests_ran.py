@@ -1,4 +1,4 @@
-"""Verdict on a GPU test run: `python scripts/gpu_tests_ran.py RC JUNIT_XML`.
+"""Verdict on a GPU test run: `python dev/gpu_tests_ran.py RC JUNIT_XML`.
 
 Prints one summary line and exits 0 only if pytest exited 0 and at least one test passed; "nothing
 collected" (rc 5), every test skipped, or a missing report is a failure, so that a machine where the

@@ -1,0 +1,231 @@
+"""The OpenAI-compatible HTTP API over a ServingEngine (FastAPI); all of the server's HTTP lives here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+
+from cli.api_format import Shape, sse
+from cli.api_schema import ApiError, ChatRequest, CompletionRequest, check_common, messages_of, parse, sampling_params
+from engine.errors import GDecodeError
+from engine.serving import (
+    Delta,
+    Failed,
+    Finished,
+    PromptTooLong,
+    QueueFull,
+    Request,
+    ServingEngine,
+    ShuttingDown,
+    check_prompt,
+)
+
+MAX_BODY = 10 * 2**20
+DRAIN_MAX = 64 * 2**20
+RETRY_AFTER_S = 1
+DISCONNECT_POLL_S = 0.25
+WEB = Path(__file__).resolve().parent / "web"
+FAILED_STATUS = {"invalid": 400, "shutdown": 503, "internal": 500}
+log = logging.getLogger("gdecode.serve")
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events; `on_close` runs however the response ends (done, client gone, shutdown)."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except OSError:
+            pass  # the client went away mid-write
+        finally:
+            self.on_close()
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def read_json(request: HttpRequest) -> object:
+    """The body as JSON; 413 past MAX_BODY bytes, 400 when it does not parse."""
+    length = request.headers.get("content-length", "")
+    body, seen = bytearray(), 0
+    if not (length.isdigit() and int(length) > MAX_BODY):
+        async for part in request.stream():
+            body += part
+            if len(body) > MAX_BODY:
+                seen = len(body)
+                break
+    if seen or length.isdigit() and int(length) > MAX_BODY:
+        # read (and drop) the rest, up to a point, so that the client gets to read the answer
+        async for part in request.stream():
+            seen += len(part)
+            if seen > DRAIN_MAX:
+                break
+        raise ApiError(413, f"the request body is larger than {MAX_BODY // 2**20} MB", code="request_too_large")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+
+
+def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
+    """The app for a started engine: /v1/models, /v1/completions, /v1/chat/completions, /health and /."""
+    app = FastAPI(title="gdecode", docs_url=None, redoc_url=None, openapi_url=None)
+    llm = engine.llm
+    tok, ctx = llm.tokenizer, llm.max_context
+    created = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_, e: ApiError):
+        return error_response(e)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_, e: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        return error_response(ApiError(e.status_code, str(e.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def _internal(_, e: Exception):
+        log.exception("internal error")
+        return error_response(ApiError(500, f"internal error: {type(e).__name__}", type="server_error"))
+
+    @app.get("/health")
+    async def health():
+        if engine.stopping:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return {"status": "ok", "model": model_id, "waiting": len(engine.scheduler), "running": len(engine.running)}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        if name != model_id:
+            raise ApiError(404, f"the model '{name}' does not exist", "model", "model_not_found")
+        return model_card()
+
+    def model_card() -> dict:
+        return {"id": model_id, "object": "model", "created": created, "owned_by": "gdecode", "max_model_len": ctx}
+
+    @app.get("/", include_in_schema=False)
+    async def index():
+        return FileResponse(WEB / "index.html", media_type="text/html")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: HttpRequest):
+        req = parse("chat", await read_json(request))
+        check_common(req, model_id)
+        messages = messages_of(req)
+        ids = await asyncio.to_thread(encode, lambda: tok.encode_chat(messages))
+        return await run(request, req, ids, "messages")
+
+    @app.post("/v1/completions")
+    async def completions(request: HttpRequest):
+        req = parse("completion", await read_json(request))
+        check_common(req, model_id)
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            if min(prompt) < 0 or max(prompt) >= llm.cfg.vocab_size:
+                raise ApiError(400, f"'prompt' holds a token id outside [0, {llm.cfg.vocab_size})", "prompt")
+            return await run(request, req, list(prompt), "prompt")
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise ApiError(400, f"'prompt' must be one text; a batch of {len(prompt)} is not supported", "prompt")
+            prompt = prompt[0]
+        ids = await asyncio.to_thread(encode, lambda: tok.encode(prompt))
+        return await run(request, req, ids, "prompt")
+
+    async def run(request: HttpRequest, req: ChatRequest | CompletionRequest, ids: list[int], what: str):
+        try:
+            check_prompt(len(ids), ctx)
+        except PromptTooLong as e:
+            raise ApiError(400, str(e), what, "context_length_exceeded") from None
+        except GDecodeError as e:
+            raise ApiError(400, str(e), what) from None
+        params = sampling_params(req, ctx - len(ids))
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(ev):
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            except RuntimeError:
+                pass  # the event loop is gone: nobody is listening
+
+        r = Request(ids, params, emit, reuse=req.cache_prompt, ignore_eos=req.ignore_eos)
+        try:
+            engine.submit(r)
+        except QueueFull as e:
+            raise ApiError(429, f"the server is busy ({e}); retry later", code="queue_full",
+                           type="rate_limit_error", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except ShuttingDown as e:
+            raise ApiError(503, str(e), code="shutting_down", type="server_error") from None
+        shape = Shape(isinstance(req, ChatRequest), model_id)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return EventStream(stream(events, shape, include_usage), on_close=r.cancel)
+        return await whole(request, r, events, shape)
+
+    return app
+
+
+def encode(fn) -> list[int]:
+    try:
+        return fn()
+    except GDecodeError as e:
+        raise ApiError(400, str(e)) from None
+
+
+async def whole(request: HttpRequest, r: Request, events: asyncio.Queue, shape: Shape):
+    text: list[str] = []
+    while True:
+        try:
+            ev = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                r.cancel()
+            continue
+        if isinstance(ev, Delta):
+            text.append(ev.text)
+        elif isinstance(ev, Finished):
+            return shape.whole("".join(text), ev.reason, ev.usage)
+        elif isinstance(ev, Failed):
+            kind = "server_error" if ev.kind != "invalid" else "invalid_request_error"
+            return error_response(ApiError(FAILED_STATUS[ev.kind], ev.message, type=kind))
+
+
+async def stream(events: asyncio.Queue, shape: Shape, include_usage: bool):
+    """SSE chunks: the role, then text as it becomes final (whatever is ready goes out as one chunk),
+    the finish reason, usage when asked for, and [DONE]."""
+    yield shape.chunk(first=True)
+    while True:
+        batch = [await events.get()]
+        while not events.empty():
+            batch.append(events.get_nowait())
+        text = "".join(ev.text for ev in batch if isinstance(ev, Delta))
+        if text:
+            yield shape.chunk(text)
+        last = batch[-1]
+        if isinstance(last, Finished):
+            yield shape.chunk(reason=last.reason)
+            if include_usage:
+                yield shape.usage_chunk(last.usage)
+            break
+        if isinstance(last, Failed):
+            yield sse(ApiError(FAILED_STATUS[last.kind], last.message, type="server_error").body())
+            break
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,89 @@
+"""A/B of decode tunings in one process: tok/s per variant and depth, against the same copy bandwidth.
+
+PYTHONPATH=. python3 dev/decode_ab.py [--profile] [shape ...]
+
+Each variant is a Tuning; the step is rebuilt and captured again over the same weights and cache
+(the buffers' split count stays the backend's, so variants differ in everything but splits). --profile
+also prints, for each variant at each depth, the marginal cost of every launch kind inside the graph:
+the step's replay time minus the replay time of the step without that kind (PDL overlap included).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+from engine import bench as B
+from engine.backend_cuda import CudaBackend
+from engine.shapes import shape as named_shape
+from graphs.decode import DecodeStep, Launches, step_launches
+from graphs.graph import capture
+from kernels.bandwidth import copy_bandwidth
+from kernels.tuning import AttnTuning, Tuning
+
+VARIANTS = {
+    "default": Tuning(),
+    "attn w4": Tuning(attn=AttnTuning(warps=4)),
+    "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
+}
+PLAN = {
+    "llama3-8b": [0, 8192, 32768],
+    "qwen2.5-0.5b": [0, 8192],
+}
+
+
+def replay_ms(backend, graph, depth: int, n: int = 64) -> float:
+    timer = B.Timer(backend.stream)
+    times = []
+    for _ in range(4):
+        B.set_position(backend, depth)
+        times.append(timer(lambda: [graph.replay(backend.stream) for _ in range(n)]))
+    return statistics.median(times[1:]) / n
+
+
+def profile(backend, tuning: Tuning, depth: int) -> str:
+    """Marginal graph-replay cost of each launch kind (sample is always kept: it advances the position)."""
+    s = backend.stream
+    launches = step_launches(backend.cfg, backend.weights, backend.bufs, tuning)
+    kinds = [Launches.kind(launch.name) for launch in launches]
+
+    def graph_of(keep):
+        g = capture(s, [launch for launch, kind in zip(launches, kinds, strict=True) if keep(kind)])
+        s.synchronize()
+        return g
+
+    full = replay_ms(backend, graph_of(lambda k: True), depth)
+    out = [f"step {1e3 * full:.1f}us"]
+    for kind in dict.fromkeys(kinds):
+        if kind == "sample":
+            continue
+        without = replay_ms(backend, graph_of(lambda k, kind=kind: k != kind), depth)
+        out.append(f"{kind}={1e3 * (full - without):.1f}")
+    return "  ".join(out)
+
+
+def main(argv):
+    do_profile = "--profile" in argv
+    shapes = [a for a in argv if not a.startswith("--")] or list(PLAN)
+    copy_gbs = copy_bandwidth(4 << 30, 10)
+    print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
+    for name in shapes:
+        depths = PLAN[name]
+        cfg = named_shape(name)
+        need = max(depths) + B.TG_TOKENS + B.WARMUP + 1
+        backend = CudaBackend(cfg, None, max_context=need)
+        B.fill_cache(backend)
+        for d in depths:
+            B.fill_depth(backend, d)
+            for v, tuning in VARIANTS.items():
+                backend.step = DecodeStep(cfg, backend.weights, backend.bufs, backend.stream, tuning)
+                r = B.bench_tg(backend, d, 5, True, copy_gbs)
+                print(f"{name} d={d:<6} {v:<12} {r.tok_s:8.1f} tok/s {r.ms_per_token:.4f} ms "
+                      f"{r.pct_copy:5.1f}% copy", flush=True)
+                if do_profile:
+                    print("   " + profile(backend, tuning, d), flush=True)
+        del backend
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,50 @@
+"""Launch builder of split-KV decode attention (kernels/attention.cu)."""
+
+from __future__ import annotations
+
+import functools
+
+from kernels.launch import Launch
+from kernels.numerics import softmax_scale2
+from kernels.ops import module
+from kernels.tuning import AttnTuning
+
+# the merging block weighs every split's partial from registers and shared memory sized for this many
+ATTN_MAX_SPLITS = 128
+
+
+def _module(hd: int, group: int, warps: int):
+    return module("attention", HEAD_DIM=hd, GROUP=group, WARPS=warps, MAX_SPLITS=ATTN_MAX_SPLITS)
+
+
+def attn_blocks_per_sm(hd: int, group: int, tuning: AttnTuning = AttnTuning()) -> int:
+    """How many attn_decode blocks fit on one SM at once (registers and shared memory)."""
+    return _occupancy(hd, group, tuning.warps)
+
+
+@functools.cache
+def _occupancy(hd: int, group: int, warps: int) -> int:
+    from cuda.bindings import driver
+
+    from kernels.cuda import check
+
+    fn = _module(hd, group, warps).function("attn_decode")
+    return max(1, check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn.func, warps * 32, 0),
+                        "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+
+
+def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: int, kv_heads: int, hd: int,
+                splits: int, max_ctx: int, tuning: AttnTuning = AttnTuning(), pdl: bool = False) -> Launch:
+    """Split-KV attention over min(splits, ceil(n_cached / min_chunk)) splits, merged by the last block.
+
+    q: [nh * hd] f32; k_cache, v_cache: [kv_heads, max_ctx, hd] bf16; pm, pl: [nh, splits] and
+    pacc: [nh, splits, hd] f32 partials; out: [nh * hd] f32.
+    counters: [kv_heads] uint32, zero before the first launch; each launch leaves them zero.
+    """
+    if not 1 <= splits <= ATTN_MAX_SPLITS:
+        raise ValueError(f"attention splits must be in [1, {ATTN_MAX_SPLITS}], got {splits}")
+    mod = _module(hd, nh // kv_heads, tuning.warps)
+    return mod.function("attn_decode", "PPPPPPPPPifi").prepare(
+        (splits, kv_heads), tuning.warps * 32,
+        [q, k_cache, v_cache, state, pm, pl, pacc, out, counters, max_ctx, softmax_scale2(hd), tuning.min_chunk],
+        pdl=pdl, name="attn")

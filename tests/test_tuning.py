@@ -1,0 +1,73 @@
+"""Launch tuning, step launch names, split counts and the token range check: no GPU needed."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from engine.errors import GDecodeError, check_tokens
+from kernels.numerics import active_splits, softmax_scale2
+from kernels.tuning import AttnTuning, PrefillTuning, Tuning
+
+
+def test_tuning_is_frozen_and_checked():
+    t = Tuning(splits=8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.splits = 9
+    assert dataclasses.replace(t, attn=AttnTuning(min_chunk=3)).attn.min_chunk == 3 and t.attn.min_chunk == 64
+    with pytest.raises(AssertionError):
+        AttnTuning(warps=3)
+    with pytest.raises(AssertionError):
+        AttnTuning(min_chunk=0)
+    with pytest.raises(AssertionError):
+        PrefillTuning(attn_warps=16)  # prefill_attn's launch bounds want 8 / warps blocks per SM
+
+
+@pytest.mark.parametrize("n_cached,splits,min_chunk,want", [
+    (1, 32, 64, 1), (64, 32, 64, 1), (65, 32, 64, 2), (2048, 32, 64, 32), (10**6, 32, 64, 32),
+    (7, 8, 1, 7), (8, 8, 1, 8), (9, 8, 1, 8), (10, 128, 3, 4), (0, 8, 1, 1),
+])
+def test_active_splits(n_cached, splits, min_chunk, want):
+    assert active_splits(n_cached, splits, min_chunk) == want
+
+
+def test_softmax_scale2_is_base_2():
+    assert softmax_scale2(64) == pytest.approx(64**-0.5 / np.log(2))
+
+
+def test_attention_builder_refuses_splits_past_its_limit():
+    from kernels.attention import ATTN_MAX_SPLITS, attn_decode
+
+    for splits in (0, ATTN_MAX_SPLITS + 1):
+        with pytest.raises(ValueError, match="splits"):
+            attn_decode(0, 0, 0, 0, 0, 0, 0, 0, 0, nh=4, kv_heads=2, hd=16, splits=splits, max_ctx=8)
+
+
+def test_step_launch_names():
+    from graphs.decode import STEP_KINDS, Launches
+
+    assert Launches.kind("layer12.attn") == "attn" and Launches.kind("lm_head") == "lm_head"
+
+    class Fake:
+        name = "gemv"
+
+    out = Launches()
+    out.add(Fake(), "layer0.o_proj")
+    assert out[0].name == "layer0.o_proj" and "o_proj" in STEP_KINDS
+    with pytest.raises(AssertionError):
+        out.add(Fake(), "layer0.attn_partial")
+
+
+def test_check_tokens():
+    check_tokens([0, 5, 9], 10, 3)
+    check_tokens([], 10, 0, start=0)
+    check_tokens(np.array([1, 2]), 10, 8, start=6)
+    with pytest.raises(GDecodeError, match="2 tokens at position 7 do not fit the context of 8 positions"):
+        check_tokens([1, 2], 10, 8, start=7)
+    with pytest.raises(GDecodeError, match="1 token at position 8 does not fit"):
+        check_tokens([1], 10, 8, start=8)
+    with pytest.raises(GDecodeError, match="not fit"):
+        check_tokens([1], 10, 8, start=-1)
+    for bad in ([10], [-1], [3, 10]):
+        with pytest.raises(GDecodeError, match=r"out of range \[0, 10\)"):
+            check_tokens(bad, 10, 8)
