@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 from engine.config import ModelConfig
 from engine.prefix import shared_prefix
 from engine.qweights import dequantized, has_quantized, quantize_weights
