@@ -45,6 +45,28 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def run_server(engine: ServingEngine, model_id: str, host: str, port: int) -> None:
+    """Start `engine` (loading its model) and serve it on host:port until SIGINT or SIGTERM."""
+    import uvicorn
+
+    from cli.server_app import create_app
+
+    sock = _listen(host, port)
+    llm = engine.start()
+    api = create_app(engine, model_id)
+    config = uvicorn.Config(api, host=host, port=port, log_config=None, log_level=logging.getLogger().level,
+                            timeout_keep_alive=5, timeout_graceful_shutdown=SHUTDOWN_WAIT_S)
+    server = _uvicorn_server(config, engine.stop)
+    logging.getLogger("gdecode.serve").info("serving %s on http://%s:%d (%s backend, context %d tokens)",
+                                            model_id, host, sock.getsockname()[1], llm.backend.name,
+                                            llm.max_context)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.stop()
+        engine.join(SHUTDOWN_WAIT_S)
+
+
 @app.command()
 def serve(
     model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
@@ -59,10 +81,6 @@ def serve(
     quantize: Optional[str] = typer.Option(None, help="Quantize a bf16/fp16/fp32 model at load: q8_0 | q4_0."),
 ):
     """Serve the model over an OpenAI-compatible HTTP API (and a chat page at /)."""
-    import uvicorn
-
-    from cli.server_app import create_app
-
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise GDecodeError(f"unknown --log-level {log_level!r}")
@@ -70,18 +88,4 @@ def serve(
     engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph,
                                        quantize=quantize),
                            max_waiting=max_queue)
-    sock = _listen(host, port)
-    llm = engine.start()
-    model_id = model_name or Path(model).resolve().name
-    api = create_app(engine, model_id)
-    config = uvicorn.Config(api, host=host, port=port, log_config=None, log_level=level, timeout_keep_alive=5,
-                            timeout_graceful_shutdown=SHUTDOWN_WAIT_S)
-    server = _uvicorn_server(config, engine.stop)
-    logging.getLogger("gdecode.serve").info("serving %s on http://%s:%d (%s backend, context %d tokens)",
-                                            model_id, host, sock.getsockname()[1], llm.backend.name,
-                                            llm.max_context)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        engine.stop()
-        engine.join(SHUTDOWN_WAIT_S)
+    run_server(engine, model_name or Path(model).resolve().name, host, port)

@@ -29,6 +29,7 @@ from engine.serving import (
 )
 
 MAX_BODY = 10 * 2**20
+DRAIN_MAX = 64 * 2**20
 RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.25
 WEB = Path(__file__).resolve().parent / "web"
@@ -59,15 +60,21 @@ def error_response(e: ApiError) -> JSONResponse:
 
 async def read_json(request: HttpRequest) -> object:
     """The body as JSON; 413 past MAX_BODY bytes, 400 when it does not parse."""
-    too_big = ApiError(413, f"the request body is larger than {MAX_BODY // 2**20} MB", code="request_too_large")
     length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > MAX_BODY:
-        raise too_big
-    body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > MAX_BODY:
-            raise too_big
+    body, seen = bytearray(), 0
+    if not (length.isdigit() and int(length) > MAX_BODY):
+        async for part in request.stream():
+            body += part
+            if len(body) > MAX_BODY:
+                seen = len(body)
+                break
+    if seen or length.isdigit() and int(length) > MAX_BODY:
+        # read (and drop) the rest, up to a point, so that the client gets to read the answer
+        async for part in request.stream():
+            seen += len(part)
+            if seen > DRAIN_MAX:
+                break
+        raise ApiError(413, f"the request body is larger than {MAX_BODY // 2**20} MB", code="request_too_large")
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -123,7 +130,7 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
         req = parse("chat", await read_json(request))
         check_common(req, model_id)
         messages = messages_of(req)
-        ids = await asyncio.to_thread(encode, lambda: tok.encode_chat(messages))
+        ids = await asyncio.to_thread(encode, lambda: tok.encode_chat(messages, max_tokens=ctx), "messages")
         return await run(request, req, ids, "messages")
 
     @app.post("/v1/completions")
@@ -139,7 +146,7 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
             if len(prompt) != 1:
                 raise ApiError(400, f"'prompt' must be one text; a batch of {len(prompt)} is not supported", "prompt")
             prompt = prompt[0]
-        ids = await asyncio.to_thread(encode, lambda: tok.encode(prompt))
+        ids = await asyncio.to_thread(encode, lambda: tok.encode(prompt, max_tokens=ctx), "prompt")
         return await run(request, req, ids, "prompt")
 
     async def run(request: HttpRequest, req: ChatRequest | CompletionRequest, ids: list[int], what: str):
@@ -176,11 +183,13 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
     return app
 
 
-def encode(fn) -> list[int]:
+def encode(fn, what: str) -> list[int]:
+    """Tokenize; a prompt that cannot fit the context is refused before all of it is tokenized."""
     try:
         return fn()
     except GDecodeError as e:
-        raise ApiError(400, str(e)) from None
+        code = "context_length_exceeded" if "context" in str(e) else None
+        raise ApiError(400, str(e), what, code) from None
 
 
 async def whole(request: HttpRequest, r: Request, events: asyncio.Queue, shape: Shape):

@@ -80,6 +80,7 @@ class ServingEngine:
         with self._lock:
             self._closed = True
         for seq in self.running:
+            seq.note = "stopped by shutdown"
             self._end(seq, "abort")
         self.running.clear()
         for req in self.scheduler.drain():
@@ -94,6 +95,7 @@ class ServingEngine:
             self._admit(req)
         for seq in list(self.running):
             if seq.req.cancelled or self._stopping:
+                seq.note = "cancelled" if seq.req.cancelled else "stopped by shutdown"
                 self._end(seq, "abort")
                 continue
             try:
@@ -137,6 +139,5 @@ class ServingEngine:
         self.running.remove(seq)
         u = seq.usage()
         rate = (u.completion_tokens - 1) / u.seconds if u.completion_tokens > 1 and u.seconds > 0 else 0.0
-        reason = "cancelled" if seq.req.cancelled else seq.reason
         log.info("request %d %s: prompt %d tokens (%d cached), %d generated, ttft %.1f ms, %.1f tok/s",
-                 seq.req.id, reason, u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.ttft * 1e3, rate)
+                 seq.req.id, seq.note, u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.ttft * 1e3, rate)

@@ -37,7 +37,7 @@ class Sequence:
             params = replace(params, seed=secrets.randbits(63))
         self.req, self.llm = req, llm
         self.budget = min(params.max_new_tokens, llm.max_context - len(req.prompt))
-        self.decoder = StreamDecoder(llm.tokenizer)
+        self.decoder = StreamDecoder(llm.tokenizer, context=req.prompt)
         self.stops = StopMatcher(params.stop)
         self.eos = frozenset() if req.ignore_eos else frozenset(llm.tokenizer.eos_ids)
         self.tokens = llm.backend.generate(req.prompt, params, self.budget, reuse=req.reuse)
@@ -45,7 +45,7 @@ class Sequence:
         self.cached = 0
         self.t_first = self.t_last = 0.0
         self.done = False
-        self.reason = ""
+        self.note = ""  # how it ended, for the log
 
     def step(self) -> None:
         """Run one token and emit it; emit Finished (and set done) when the request ends."""
@@ -68,7 +68,8 @@ class Sequence:
         """End the request (reason: stop | length | abort), emitting any text still held back."""
         if self.done:
             return
-        self.done, self.reason = True, reason
+        self.done = True
+        self.note = self.note or reason
         self.tokens.close()
         if flush:
             text, _ = self.stops.push(self.decoder.flush(), final=True)
