@@ -196,6 +196,16 @@ def test_bad_requests_get_openai_errors(server, tiny):
     assert err["code"] == "context_length_exceeded"
     got, answer, _ = server.post("/v1/chat/completions", json.dumps({"messages": user, "pad": "x" * (11 << 20)}))
     assert got == 413 and "10 MB" in answer["error"]["message"]
+    # the same without a Content-Length: a chunked body is cut off at 10 MB too
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    parts = [b'{"messages": [{"role": "user", "content": "'] + [b"x" * (1 << 20)] * 11 + [b'"}]}']
+    conn.request("POST", "/v1/chat/completions", body=iter(parts), encode_chunked=True,
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 413 and "10 MB" in json.loads(resp.read())["error"]["message"]
+    conn.close()
     got, answer, _ = server.post("/v1/completions", {"prompt": ["a", "b"]})
     assert got == 400 and answer["error"]["param"] == "prompt"
     got, answer, _ = server.post("/v1/completions", {"prompt": [1, 99999]})
