@@ -59,7 +59,7 @@ def _read(prompt: str) -> str | None:
 
 @app.command()
 def chat(
-    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory."),
+    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message that starts the chat."),
     max_new_tokens: int = typer.Option(_P.max_new_tokens, "--max-new-tokens", "-n", min=1,
                                        help="Tokens per reply at most."),
@@ -70,13 +70,15 @@ def chat(
     backend: str = typer.Option("auto", help="auto | cuda | numpy"),
     max_context: Optional[int] = typer.Option(None, help="KV-cache length (default: the model's limit)."),
     no_graph: bool = typer.Option(False, "--no-graph", help="Launch the decode kernels eagerly (CUDA)."),
+    quantize: Optional[str] = typer.Option(None, help="Quantize a bf16/fp16/fp32 model at load: q8_0 | q4_0."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Tokens, cache reuse and speed after each reply."),
 ):
     """Chat with the model in the terminal. The conversation stays in the KV cache between turns,
     so each turn prefills only its new tokens."""
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             max_new_tokens=max_new_tokens)
-    engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph),
+    engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph,
+                                       quantize=quantize),
                            max_waiting=1)
     llm = engine.start()
     if llm.tokenizer.chat_template is None:
