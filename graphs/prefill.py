@@ -17,7 +17,7 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError, check_tokens
-from graphs.buffers import STATE_DTYPE, DecodeBuffers, DeviceWeights
+from graphs.buffers import DecodeBuffers, DeviceWeights
 from kernels import ops
 from kernels import prefill_ops as pops
 from kernels.tuning import Tuning
@@ -136,9 +136,7 @@ class Prefill:
             raise GDecodeError(f"prefill start {start} is outside a prompt of {n} tokens")
         if n - 1 > start:
             self.run(ids[start:-1], start=start)
-        at = STATE_DTYPE.fields["token"][1]
-        assert STATE_DTYPE.fields["pos"][1] == at + 4
-        self.bufs.state[at : at + 8].set(np.array([ids[-1], n - 1], np.int32).view(np.uint8), stream=self.stream)
+        self.bufs.seek(self.stream, n - 1)
 
 
 _PREFILLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
