@@ -172,7 +172,7 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
                            type="rate_limit_error", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except ShuttingDown as e:
             raise ApiError(503, str(e), code="shutting_down", type="server_error") from None
-        shape = Shape(isinstance(req, ChatRequest), model_id)
+        shape = Shape(isinstance(req, ChatRequest), model_id, tok)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return EventStream(stream(events, shape, include_usage), on_close=r.cancel)
@@ -193,6 +193,7 @@ async def encode(fn, what: str, size: int) -> list[int]:
 
 async def whole(request: HttpRequest, r: Request, events: asyncio.Queue, shape: Shape):
     text: list[str] = []
+    logprobs = []
     while True:
         try:
             ev = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
@@ -202,8 +203,10 @@ async def whole(request: HttpRequest, r: Request, events: asyncio.Queue, shape: 
             continue
         if isinstance(ev, Delta):
             text.append(ev.text)
+            if ev.logprobs is not None:
+                logprobs.append(ev.logprobs)
         elif isinstance(ev, Finished):
-            return shape.whole("".join(text), ev.reason, ev.usage)
+            return shape.whole("".join(text), ev.reason, ev.usage, shape.logprobs(logprobs))
         elif isinstance(ev, Failed):
             kind = "server_error" if ev.kind != "invalid" else "invalid_request_error"
             return error_response(ApiError(FAILED_STATUS[ev.kind], ev.message, type=kind))
@@ -217,9 +220,11 @@ async def stream(events: asyncio.Queue, shape: Shape, include_usage: bool):
         batch = [await events.get()]
         while not events.empty():
             batch.append(events.get_nowait())
-        text = "".join(ev.text for ev in batch if isinstance(ev, Delta))
-        if text:
-            yield shape.chunk(text)
+        deltas = [ev for ev in batch if isinstance(ev, Delta)]
+        text = "".join(ev.text for ev in deltas)
+        logprobs = shape.logprobs([ev.logprobs for ev in deltas if ev.logprobs is not None])
+        if text or logprobs:
+            yield shape.chunk(text, logprobs=logprobs)
         last = batch[-1]
         if isinstance(last, Finished):
             yield shape.chunk(reason=last.reason)
