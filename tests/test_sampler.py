@@ -2,6 +2,7 @@
 distribution, penalties, ties at the top-p boundary, temperature before the filters, NaN, logprobs."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -288,3 +289,27 @@ def test_token_logprobs():
     assert [i for i, _ in t.top] == [1, 2, 0]
     np.testing.assert_allclose([lp for _, lp in t.top], ref[[1, 2, 0]], atol=1e-6)
     assert token_logprobs(lg, 0, 0).top == ()
+
+
+def _cuda_function(text: str, name: str) -> str:
+    start = text.index(f"float {name}(float x)")
+    return text[start : text.index("\n}\n", start)]
+
+
+def test_the_kernel_uses_the_same_constants():
+    # kernels/sample.cu repeats exp_f32, log_f32 and the cut-offs operation for operation
+    from pathlib import Path
+
+    from engine.sampling import CUT, EXP_POLY, LN2_HI, LN2_LO, LOG2E_F, LOG_POLY, MASS_BITS, SQRT2_F
+
+    text = (Path(__file__).resolve().parent.parent / "kernels" / "sample.cu").read_text()
+    hexes = r"(-?0x[0-9a-f.]+p[-+]?\d+)f"
+
+    def floats(body):
+        return [np.float32(float.fromhex(h)) for h in re.findall(hexes, body)]
+
+    assert floats(_cuda_function(text, "exp_f32")) == [LOG2E_F, LN2_HI, LN2_LO, *EXP_POLY]
+    assert floats(_cuda_function(text, "log_f32")) == [SQRT2_F, *LOG_POLY, LN2_LO, LN2_HI]
+    assert f"#define CUT {float(CUT)}f" in text
+    assert f"#define MASS_FLOOR ({float(MASS_FLOOR)}f)" in text
+    assert f"#define MASS_SCALE 0x1p{MASS_BITS}f" in text
