@@ -103,8 +103,8 @@ def chat(
             if not cmd:
                 continue
             turn = [*history, {"role": "user", "content": line}]
-            ids = llm.tokenizer.encode_chat(turn)
             try:
+                ids = llm.tokenizer.encode_chat(turn, max_tokens=llm.max_context)
                 check_prompt(len(ids), llm.max_context)
             except GDecodeError as e:
                 _say(f"error: {e}; /clear starts over")

@@ -130,7 +130,7 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
         req = parse("chat", await read_json(request))
         check_common(req, model_id)
         messages = messages_of(req)
-        ids = await asyncio.to_thread(encode, lambda: tok.encode_chat(messages))
+        ids = await asyncio.to_thread(encode, lambda: tok.encode_chat(messages, max_tokens=ctx), "messages")
         return await run(request, req, ids, "messages")
 
     @app.post("/v1/completions")
@@ -146,7 +146,7 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
             if len(prompt) != 1:
                 raise ApiError(400, f"'prompt' must be one text; a batch of {len(prompt)} is not supported", "prompt")
             prompt = prompt[0]
-        ids = await asyncio.to_thread(encode, lambda: tok.encode(prompt))
+        ids = await asyncio.to_thread(encode, lambda: tok.encode(prompt, max_tokens=ctx), "prompt")
         return await run(request, req, ids, "prompt")
 
     async def run(request: HttpRequest, req: ChatRequest | CompletionRequest, ids: list[int], what: str):
@@ -183,11 +183,13 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
     return app
 
 
-def encode(fn) -> list[int]:
+def encode(fn, what: str) -> list[int]:
+    """Tokenize; a prompt that cannot fit the context is refused before all of it is tokenized."""
     try:
         return fn()
     except GDecodeError as e:
-        raise ApiError(400, str(e)) from None
+        code = "context_length_exceeded" if "context" in str(e) else None
+        raise ApiError(400, str(e), what, code) from None
 
 
 async def whole(request: HttpRequest, r: Request, events: asyncio.Queue, shape: Shape):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 from engine.config import ModelConfig
 from engine.prefix import shared_prefix
 from engine.qweights import dequantized, has_quantized, quantize_weights
@@ -45,7 +47,8 @@ class NumpyBackend:
         self.reused = keep
         self.held = ids[:keep]
         self.model.pos = keep
-        logits = self.model.prefill(ids[keep:])
+        with np.errstate(all="ignore"):  # NaN/Inf are reported below, by step
+            logits = self.model.prefill(ids[keep:])
         self.held = ids
         sampler = Sampler(params, seed, self.cfg.vocab_size, ids)
         for step in range(max_new_tokens):
@@ -53,5 +56,6 @@ class NumpyBackend:
             self.token_logprobs = sampler.logprobs
             yield token
             if step + 1 < max_new_tokens:
-                logits = self.model.decode(token)
+                with np.errstate(all="ignore"):
+                    logits = self.model.decode(token)
                 self.held.append(token)

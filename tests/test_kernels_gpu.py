@@ -31,11 +31,6 @@ def cp():
     return cupy
 
 
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
-
-
 def bf16(a):
     """(bf16 bits for the device, the same values as float32 for numpy)."""
     b = np.asarray(a, np.float32).astype(BF16)
@@ -74,6 +69,12 @@ def rms(x, g, eps):
     return x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * g
 
 
+def norm_input(rng, shape, eps):
+    """Input of a fused RMSNorm with mean square about 2 eps: dropping eps moves the output by ~20%,
+    eps x 10 by half (against a 2e-5 tolerance)."""
+    return (rng.standard_normal(shape) * math.sqrt(2 * eps)).astype(np.float32)
+
+
 GEMV_CASES = [  # n_out, k, epi, norm, bias, splitk
     (576, 576, 0, True, False, None),
     (896, 896, 0, True, True, None),
@@ -107,11 +108,11 @@ def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, pair, warps, minb, blo
 
     rows = 2 * n_out if epi == ops.EPI_SILU else n_out
     wb, wf = bf16(rng.standard_normal((rows, k)) / math.sqrt(k))
-    x = rng.standard_normal(k).astype(np.float32) * 3
+    eps = 1e-5
+    x = norm_input(rng, k, eps) if norm else rng.standard_normal(k).astype(np.float32) * 3
     g = (0.5 + rng.random(k)).astype(np.float32)
     b = rng.standard_normal(n_out).astype(np.float32)
     y0 = rng.standard_normal(n_out).astype(np.float32)
-    eps = 1e-5
     xin = rms(x, g, eps) if norm else x.astype(np.float64)
     full = wf.astype(np.float64) @ xin
     if epi == ops.EPI_STORE:
@@ -146,10 +147,10 @@ def test_gemv_rows_per_warp(cp, rng, n_out, k, norm, bias, warps, minb, monkeypa
     monkeypatch.setattr(ops, "GEMV_WARPS", warps)
     monkeypatch.setattr(ops, "GEMV_MINB", minb)
     wb, wf = bf16(rng.standard_normal((n_out, k)) / math.sqrt(k))
-    x = rng.standard_normal(k).astype(np.float32) * 3
+    eps = 1e-5
+    x = norm_input(rng, k, eps) if norm else rng.standard_normal(k).astype(np.float32) * 3
     g = (0.5 + rng.random(k)).astype(np.float32)
     b = rng.standard_normal(n_out).astype(np.float32)
-    eps = 1e-5
     ref = wf.astype(np.float64) @ (rms(x, g, eps) if norm else x.astype(np.float64)) + (b if bias else 0)
     y = cp.full(n_out, np.nan, cp.float32)
     amax = cp.zeros(1, cp.uint64)
@@ -195,7 +196,7 @@ def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks, m
     g = (0.5 + rng.random(k)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     for pos in [0, 1, 77, ctx - 1, ctx + 40]:
-        x = rng.standard_normal(k).astype(np.float32) * 3
+        x = norm_input(rng, k, eps)
         full = wf.astype(np.float64) @ rms(x, g, eps) + (b if bias else 0)
         y = cp.full(n, np.nan, cp.float32)
         kc = cp.full(nkv * ctx * hd, 0x7FC0, cp.uint16)  # bf16 NaN
@@ -250,7 +251,8 @@ def test_rope_append(cp, rng, nh, nkv, hd, qk_norm):
     qn = (0.5 + rng.random(hd)).astype(np.float32)
     kn = (0.5 + rng.random(hd)).astype(np.float32)
     for pos in [0, 1, 77, ctx - 1, ctx + 40]:
-        qkv = rng.standard_normal((nh + 2 * nkv) * hd).astype(np.float32)
+        n = (nh + 2 * nkv) * hd
+        qkv = norm_input(rng, n, eps) if qk_norm else rng.standard_normal(n).astype(np.float32)
         d_qkv = cp.asarray(qkv)
         kc = cp.full(nkv * ctx * hd, 0x7FC0, cp.uint16)  # bf16 NaN
         vc = kc.copy()

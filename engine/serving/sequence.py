@@ -37,7 +37,7 @@ class Sequence:
             params = replace(params, seed=secrets.randbits(63))
         self.req, self.llm = req, llm
         self.budget = min(params.max_new_tokens, llm.max_context - len(req.prompt))
-        self.decoder = StreamDecoder(llm.tokenizer)
+        self.decoder = StreamDecoder(llm.tokenizer, context=req.prompt)
         self.stops = StopMatcher(params.stop)
         self.eos = frozenset() if req.ignore_eos else frozenset(llm.tokenizer.eos_ids)
         self.tokens = llm.backend.generate(req.prompt, params, self.budget, reuse=req.reuse)
