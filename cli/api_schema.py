@@ -195,7 +195,7 @@ def sampling_params(req: ChatRequest | CompletionRequest, default_max: int) -> S
         ("repetition_penalty", "repeat_penalty", req.repetition_penalty, 1.0),
         ("presence_penalty", "presence_penalty", req.presence_penalty, 0.0),
         ("frequency_penalty", "frequency_penalty", req.frequency_penalty, 0.0),
-        ("top_logprobs" if isinstance(req, ChatRequest) else "logprobs", "logprobs", logprobs_of(req), None),
+        ("logprobs", "logprobs", logprobs_of(req), None),
     ):
         if value is None or (value == off and off is not None and name not in have):
             continue

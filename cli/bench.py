@@ -34,6 +34,8 @@ def bench(
     repeats: int = typer.Option(3, min=3, help="Timed repeats per test after warm-up; the median is shown."),
     breakdown: bool = typer.Option(False, help="Also time each launch kind of one decode step."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    sample: bool = typer.Option(False, "--sample", help="Also time tg128 sampled (defaults, top-p, top-k, min-p, "
+                                "penalties) next to greedy."),
 ):
     """Batch-1 prefill (pp512) and decode (tg128 at depth) speed, with achieved GB/s vs device copy bandwidth."""
     from rich.console import Console
@@ -97,6 +99,8 @@ def bench(
                         results.append(B.bench_pp(backend, d, repeats))
                     else:
                         results.append(B.bench_tg(backend, d, repeats, not no_graph, copy_gbs))
+                        for label, params in (B.SAMPLED.items() if sample else ()):
+                            results.append(B.bench_tg(backend, d, repeats, not no_graph, copy_gbs, params, label))
                     progress.advance(task)
             if breakdown:
                 kinds = B.breakdown(backend, depths[-1])
@@ -111,9 +115,10 @@ def bench(
     out.print(f"{name}: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads}/{cfg.num_kv_heads} heads, "
               f"vocab {cfg.vocab_size}; {weight_gb:.2f} GB of weights read per token; device copy bandwidth "
               f"{copy_gbs:,.0f} GB/s (4 GiB D2D, read + write)")
-    table = Table("test", "mode", "splits", "tok/s", "ms/token", "GB/s", "% of copy BW")
+    table = Table("test", "mode", "sampling", "splits", "tok/s", "ms/token", "GB/s", "% of copy BW")
     for r in results:
-        table.add_row(r.test, r.mode, str(r.splits), f"{r.tok_s:,.1f}", f"{r.ms_per_token:.3f}",
+        table.add_row(r.test, r.mode, r.sampling if r.test.startswith("tg") else "", str(r.splits),
+                      f"{r.tok_s:,.1f}", f"{r.ms_per_token:.3f}",
                       "" if r.gb_s is None else f"{r.gb_s:,.0f}", "" if r.pct_copy is None else f"{r.pct_copy:.1f}")
     out.print(table)
     if kinds:

@@ -45,37 +45,17 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-@app.command()
-def serve(
-    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
-    port: int = typer.Option(8000, min=0, max=65535, help="Port to listen on."),
-    backend: str = typer.Option("auto", help="auto | cuda | numpy"),
-    max_context: Optional[int] = typer.Option(None, help="KV-cache length (default: the model's limit)."),
-    max_queue: int = typer.Option(64, min=1, help="Requests that may wait; more get 429."),
-    model_name: Optional[str] = typer.Option(None, help="The model id the API shows (default: the folder name)."),
-    no_graph: bool = typer.Option(False, "--no-graph", help="Launch the decode kernels eagerly (CUDA)."),
-    log_level: str = typer.Option("info", help="debug | info | warning | error"),
-    quantize: Optional[str] = typer.Option(None, help="Quantize a bf16/fp16/fp32 model at load: q8_0 | q4_0."),
-):
-    """Serve the model over an OpenAI-compatible HTTP API (and a chat page at /)."""
+def run_server(engine: ServingEngine, model_id: str, host: str, port: int) -> None:
+    """Start `engine` (loading its model) and serve it on host:port until SIGINT or SIGTERM."""
     import uvicorn
 
     from cli.server_app import create_app
 
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        raise GDecodeError(f"unknown --log-level {log_level!r}")
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph,
-                                       quantize=quantize),
-                           max_waiting=max_queue)
     sock = _listen(host, port)
     llm = engine.start()
-    model_id = model_name or Path(model).resolve().name
     api = create_app(engine, model_id)
-    config = uvicorn.Config(api, host=host, port=port, log_config=None, log_level=level, timeout_keep_alive=5,
-                            timeout_graceful_shutdown=SHUTDOWN_WAIT_S)
+    config = uvicorn.Config(api, host=host, port=port, log_config=None, log_level=logging.getLogger().level,
+                            timeout_keep_alive=5, timeout_graceful_shutdown=SHUTDOWN_WAIT_S)
     server = _uvicorn_server(config, engine.stop)
     logging.getLogger("gdecode.serve").info("serving %s on http://%s:%d (%s backend, context %d tokens)",
                                             model_id, host, sock.getsockname()[1], llm.backend.name,
@@ -85,3 +65,28 @@ def serve(
     finally:
         engine.stop()
         engine.join(SHUTDOWN_WAIT_S)
+
+
+@app.command()
+def serve(
+    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, min=0, max=65535, help="Port to listen on."),
+    backend: str = typer.Option("auto", help="auto | cuda | numpy"),
+    max_context: Optional[int] = typer.Option(None, help="KV-cache length (default: the model's limit)."),
+    max_queue: int = typer.Option(64, min=1, help="Requests that may wait; more get 429."),
+    model_name: Optional[str] = typer.Option(None, help="The id the API shows (default: the folder or file name)."),
+    no_graph: bool = typer.Option(False, "--no-graph", help="Launch the decode kernels eagerly (CUDA)."),
+    log_level: str = typer.Option("info", help="debug | info | warning | error"),
+    quantize: Optional[str] = typer.Option(None, help="Quantize a bf16/fp16/fp32 model at load: q8_0 | q4_0."),
+):
+    """Serve the model over an OpenAI-compatible HTTP API (and a chat page at /)."""
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        raise GDecodeError(f"unknown --log-level {log_level!r}")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph,
+                                       quantize=quantize),
+                           max_waiting=max_queue)
+    model_id = model_name or (model.stem if model.suffix == ".gguf" else model.resolve().name)
+    run_server(engine, model_id, host, port)

@@ -2,9 +2,12 @@
 # Every GPU test, a short benchmark and the device copy bandwidth, with a summary table last.
 # Run from the repository root: PYTHONPATH=. bash dev/gpu_check.sh
 # It never stops at the first failure; full logs go to $OUT/gpu_check (or /tmp/gpu_check).
+# It fails unless GPU tests really ran: with GDECODE_REQUIRE_GPU=1 a missing or broken GPU fails
+# them instead of skipping, and "nothing collected" or "all skipped" is a failure too.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONUNBUFFERED=1
+export GDECODE_REQUIRE_GPU=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 # `python -m cli.main` would run a second copy of cli.main whose app has no commands registered
@@ -50,21 +53,25 @@ except Exception as e:
 EOF
 
 section "pytest -m gpu"
-timeout "${GPU_CHECK_PYTEST_TIMEOUT:-420}" "$PY" -m pytest -q -m gpu -n "${GPU_CHECK_WORKERS:-4}" -p no:cacheprovider --tb=short tests -rs 2>&1 | tee "$LOGS/pytest.log"
+rm -f "$LOGS/pytest.xml"
+WORKERS=()
+"$PY" -c 'import xdist' 2>/dev/null && WORKERS=(-n "${GPU_CHECK_WORKERS:-4}")
+timeout "${GPU_CHECK_PYTEST_TIMEOUT:-420}" "$PY" -m pytest -q -m gpu "${WORKERS[@]}" -p no:cacheprovider \
+    --tb=short --junitxml="$LOGS/pytest.xml" "${GPU_CHECK_TESTS:-tests}" -rs 2>&1 | tee "$LOGS/pytest.log"
 rc=${PIPESTATUS[0]}
-summary=$(grep -E ' in [0-9.]+s' "$LOGS/pytest.log" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
-case $rc in
-    0) record "pytest -m gpu" "ok: ${summary:-?}" ;;
-    5) record "pytest -m gpu" "no GPU tests collected" ;;
-    124) fail "pytest -m gpu" "TIMEOUT after ${GPU_CHECK_PYTEST_TIMEOUT:-420}s: ${summary:-?}" ;;
-    *) fail "pytest -m gpu" "FAILED (rc=$rc): ${summary:-no summary line}" ;;
-esac
+if [ "$rc" -eq 124 ]; then
+    fail "pytest -m gpu" "TIMEOUT after ${GPU_CHECK_PYTEST_TIMEOUT:-420}s"
+elif line=$("$PY" dev/gpu_tests_ran.py "$rc" "$LOGS/pytest.xml" 2>&1); then
+    record "pytest -m gpu" "$line"
+else
+    fail "pytest -m gpu" "$line"
+fi
 
 section "host cost per launch"
 # printed by the test itself; run alone (no workers) so its output reaches the log
 "$PY" -m pytest -q -s -p no:cacheprovider -p no:xdist tests/test_graph_gpu.py -k host_cost 2>&1 | tee "$LOGS/host.log"
 line=$(grep -E 'host per graph replay' "$LOGS/host.log" | tail -1 | sed 's/^ *//')
-record "host cost" "${line:-not measured}"
+if [ -n "$line" ]; then record "host cost" "$line"; else fail "host cost" "FAILED: not measured"; fi
 
 section "bench"
 # a short benchmark: the peers' shapes at the depths they were measured at, graph and eager

@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError, check_tokens
+from engine.errors import GDecodeError, NonFiniteLogits, check_tokens
 from engine.prefix import shared_prefix
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, TokenLogprobs
 from engine.weights import ModelWeights
 from kernels.tuning import Tuning
 
@@ -39,6 +39,9 @@ class CudaBackend:
         from graphs.prefill import Prefill
         from kernels.cuda import init, shared_stream
 
+        if cfg.o_proj_bias:  # never drop a bias: refuse until the decode step applies it
+            raise GDecodeError("this checkpoint puts a bias on o_proj (attention_bias), which the cuda backend "
+                               "does not apply yet: use --backend numpy")
         init()
         self.cfg = cfg
         self.stream = stream = shared_stream()
@@ -66,6 +69,7 @@ class CudaBackend:
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(RING)]
         self.held: list[int] = []  # the tokens whose K/V the cache holds at positions 0..len-1
         self.reused = 0  # prompt tokens the last generate() took from the cache
+        self.token_logprobs: TokenLogprobs | None = None  # the last yielded token's, when asked for
 
     def start(self, prompt_ids, params: SamplingParams | None = None, seed: int = 0, prefill: bool = False,
               keep: int = 0) -> int:
@@ -79,7 +83,7 @@ class CudaBackend:
         p = params or SamplingParams(temperature=0.0)
         self.held = []
         self.stream.synchronize()
-        self.bufs.write_state(self.stream, ids, p.temperature, p.top_k, p.top_p, seed)
+        self.bufs.write_state(self.stream, ids, p, seed)
         if prefill and self.prefill is not None and len(ids) > 1:
             self.prefill.ready(ids, start=keep)
             return len(ids) - 1
@@ -99,14 +103,24 @@ class CudaBackend:
         self.stream.synchronize()
         return self.bufs.read_state()
 
+    def _logprobs(self, slot: int) -> TokenLogprobs:
+        """The log-probability record the sampler left in ring slot `slot`."""
+        rec = self.bufs.lp_ring[slot]
+        lps = rec.view(np.float32)
+        n = int(rec[2])
+        return TokenLogprobs(int(rec[0]), float(lps[1]),
+                             tuple((int(rec[3 + 2 * j]), float(lps[4 + 2 * j])) for j in range(n)))
+
     def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
                  reuse: bool = False) -> Iterator[int]:
         """Yield up to max_new_tokens sampled ids; stops early at the context limit.
 
         The first n-1 prompt tokens are prefilled in batch; the first replay runs the last prompt
         token at position n-1 and samples. Up to IN_FLIGHT replays are queued ahead of the token
-        being read from the host ring. With reuse (and the batched prefill), the prompt's longest
-        prefix that the cache already holds is not prefilled again.
+        being read from the host ring (a token of -1 there: that step's logits were not finite, raised
+        as NonFiniteLogits). With params.logprobs, token_logprobs holds each yielded token's. With
+        reuse (and the batched prefill), the prompt's longest prefix that the cache already holds is
+        not prefilled again.
         """
         ids = [int(t) for t in prompt_ids]
         n = len(ids)
@@ -122,8 +136,13 @@ class CudaBackend:
                     self._events[issued % RING].record(self.stream)
                     issued += 1
                 self._events[j % RING].synchronize()
-                out.append(int(self.bufs.ring[j % RING]))
-                yield out[-1]
+                token = int(self.bufs.ring[j % RING])
+                if token < 0:
+                    raise NonFiniteLogits(j - (n - 1), self.name)
+                if params.logprobs is not None:
+                    self.token_logprobs = self._logprobs(j % RING)
+                out.append(token)
+                yield token
         finally:
             self.stream.synchronize()
             # replays ran positions up to issued-1; the token at position n+i is out[i]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,12 +43,13 @@ class ModelConfig:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2; Llama, Qwen3 with attention_bias)
     qk_norm: bool  # RMSNorm on q and k per head before RoPE (Qwen3)
     rope_scaling: RopeScaling | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "bfloat16"
+    o_proj_bias: bool = False  # o_proj carries a bias too (Llama, Qwen3 with attention_bias)
     # derived
     q_size: int = field(init=False)
     kv_size: int = field(init=False)
@@ -62,70 +64,84 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        """The config of a Hugging Face model folder: config.json, with EOS ids from generation_config.json."""
         model_dir = Path(model_dir)
+        check_model_path(model_dir)
         if not model_dir.is_dir():
-            raise GDecodeError(f"model directory not found: {model_dir}")
+            raise GDecodeError(f"{model_dir} is not a model directory")
         path = model_dir / "config.json"
         if not path.is_file():
             raise GDecodeError(f"no config.json in {model_dir}")
-        try:
-            d = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise GDecodeError(f"{path}: not valid JSON ({e})") from None
+        d = _read_json(path)
         gen = model_dir / "generation_config.json"
         if gen.is_file():
-            try:
-                g = json.loads(gen.read_text())
-                if g.get("eos_token_id") is not None:
-                    d = {**d, "_generation_eos": g["eos_token_id"]}
-            except json.JSONDecodeError:
-                pass
+            g = _read_json(gen)
+            if g.get("eos_token_id") is not None:
+                d = {**d, "_generation_eos": list(_Fields(g, str(gen)).ids("eos_token_id"))}
         return cls.from_dict(d, source=str(path))
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "config.json") -> ModelConfig:
+        """Validate a config.json dict: every field by type and range, each problem one GDecodeError line."""
+        if not isinstance(d, dict):
+            raise GDecodeError(f"{source}: must be a JSON object, not {_kind(d)}")
+        f = _Fields(d, source)
         archs = d.get("architectures") or []
-        arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+        if not isinstance(archs, list):
+            archs = [archs]
+        arch = next((ARCHITECTURES[a] for a in archs if isinstance(a, str) and a in ARCHITECTURES), None)
         if arch is None:
             names = ", ".join(ARCHITECTURES)
-            got = ", ".join(archs) if archs else d.get("model_type", "none given")
+            got = ", ".join(map(str, archs)) if archs else d.get("model_type", "none given")
             raise GDecodeError(f"{source}: unsupported architecture {got} (supported: {names})")
-        if d.get("mlp_bias"):
+        if f.bool("mlp_bias", False):
             raise GDecodeError(f"{source}: mlp_bias is not supported")
-        try:
-            hidden = int(d["hidden_size"])
-            heads = int(d["num_attention_heads"])
-            kv_heads = int(d.get("num_key_value_heads") or heads)
-            head_dim = int(d.get("head_dim") or hidden // heads)
-            theta, scaling = _rope(d, source)
-            ctx = int(d.get("max_position_embeddings", 4096))
-            window = d.get("sliding_window")
-            if window and (arch == "mistral" or d.get("use_sliding_window")):
-                ctx = min(ctx, int(window))  # attention past the window would differ: stay inside it
-            return cls(
-                arch=arch,
-                vocab_size=int(d["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(d["intermediate_size"]),
-                num_layers=int(d["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=kv_heads,
-                head_dim=head_dim,
-                rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-                rope_theta=theta,
-                max_position_embeddings=ctx,
-                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                attention_bias=arch == "qwen2" or bool(d.get("attention_bias", False)),
-                qk_norm=arch == "qwen3",
-                rope_scaling=scaling,
-                bos_token_id=d.get("bos_token_id"),
-                eos_token_ids=_ids(d.get("_generation_eos", d.get("eos_token_id"))),
-                torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "bfloat16"),
-            )
-        except KeyError as e:
-            raise GDecodeError(f"{source}: missing field {e.args[0]}") from None
-        except (TypeError, ValueError) as e:
-            raise GDecodeError(f"{source}: bad value ({e})") from None
+        hidden = f.int("hidden_size")
+        heads = f.int("num_attention_heads", hi=hidden)
+        # absent: transformers' default for the architecture (Llama: one KV head per head)
+        kv_heads = f.int("num_key_value_heads", _KV_HEADS_DEFAULT.get(arch, heads), hi=heads)
+        if heads % kv_heads:
+            raise GDecodeError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                               f"{kv_heads}")
+        if d.get("head_dim") is None and hidden % heads:
+            raise GDecodeError(f"{source}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+        head_dim = f.int("head_dim", hidden // heads)
+        if head_dim % 2:
+            raise GDecodeError(f"{source}: head_dim {head_dim} must be even for RoPE")
+        vocab = f.int("vocab_size")
+        theta, scaling = _rope(f)
+        ctx = f.int("max_position_embeddings", 4096)
+        window = f.int("sliding_window", None)
+        if window and (arch == "mistral" or f.bool("use_sliding_window", False)):
+            ctx = min(ctx, window)  # attention past the window would differ: stay inside it
+        bos = f.int("bos_token_id", None, lo=0, hi=vocab - 1)
+        eos_key = "_generation_eos" if "_generation_eos" in d else "eos_token_id"
+        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
+        if not isinstance(dtype, str):
+            raise GDecodeError(f"{source}: torch_dtype must be a string, not {_kind(dtype)}")
+        # Llama and Qwen3 put a bias on q, k, v and o when asked; Qwen2 always on q, k, v; Mistral never
+        bias = f.bool("attention_bias", False) and arch in ("llama", "qwen3")
+        return cls(
+            arch=arch,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=f.int("intermediate_size"),
+            num_layers=f.int("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=f.float("rms_norm_eps", 1e-6, hi=1.0),
+            rope_theta=theta,
+            max_position_embeddings=ctx,
+            tie_word_embeddings=f.bool("tie_word_embeddings", False),
+            attention_bias=arch == "qwen2" or bias,
+            qk_norm=arch == "qwen3",
+            rope_scaling=scaling,
+            bos_token_id=bos,
+            eos_token_ids=tuple(i for i in f.ids(eos_key) if _in_vocab(i, vocab, eos_key, source)),
+            torch_dtype=dtype,
+            o_proj_bias=bias,
+        )
 
     # sizes used by `info` and the benchmarks
     def param_count(self) -> int:
@@ -133,6 +149,8 @@ class ModelConfig:
         per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
         if self.attention_bias:
             per_layer += self.q_size + 2 * self.kv_size
+        if self.o_proj_bias:
+            per_layer += h
         if self.qk_norm:
             per_layer += 2 * self.head_dim
         head = 0 if self.tie_word_embeddings else v * h
@@ -161,26 +179,134 @@ class ModelConfig:
         return np.where(mid, (1 - smooth) * inv / s.factor + smooth * inv, scaled)
 
 
-def _ids(x) -> tuple[int, ...]:
-    if x is None:
-        return ()
-    if isinstance(x, (list, tuple)):
-        return tuple(int(i) for i in x)
-    return (int(x),)
+_INT_LIMIT = 1 << 31  # no size or id of a supported model comes near this
+_KV_HEADS_DEFAULT = {"mistral": 8, "qwen2": 32, "qwen3": 32}  # the config classes' defaults in transformers
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def _rope(d: dict, source: str) -> tuple[float, RopeScaling | None]:
-    params = d.get("rope_parameters") or {}
-    scaling = d.get("rope_scaling") or params
-    theta = float(d.get("rope_theta") or params.get("rope_theta") or 10000.0)
-    kind = scaling.get("rope_type") or scaling.get("type") if scaling else None
+def check_model_path(path: str | Path) -> None:
+    """Raise GDecodeError when path does not exist; a Hugging Face hub name gets its own message."""
+    path = Path(path)
+    if path.exists():
+        return
+    if _HUB_NAME.match(str(path)):
+        raise GDecodeError(
+            f"{path} is not a local path, and downloading from the Hugging Face hub is not supported: pass a "
+            f"local model folder (for example from `hf download {path} --local-dir DIR`) or a .gguf file"
+        )
+    raise GDecodeError(f"model directory not found: {path}")
+
+
+def _read_json(path: Path):
+    try:
+        d = json.loads(path.read_bytes())
+    except OSError as e:
+        raise GDecodeError(f"{path}: cannot read ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GDecodeError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise GDecodeError(f"{path}: not valid JSON (nested too deeply)") from None
+    if not isinstance(d, dict):
+        raise GDecodeError(f"{path}: must be a JSON object, not {_kind(d)}")
+    return d
+
+
+def _kind(v) -> str:
+    names = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", float: "a number",
+             int: "an integer", type(None): "null"}
+    return names.get(type(v), type(v).__name__)
+
+
+def _in_vocab(i: int, vocab: int, key: str, source: str) -> bool:
+    if not 0 <= i < vocab:
+        what = "eos_token_id of generation_config.json" if key == "_generation_eos" else key
+        raise GDecodeError(f"{source}: {what} {i} is outside the vocabulary [0, {vocab})")
+    return True
+
+
+_REQUIRED = object()
+
+
+class _Fields:
+    """Typed reads of a JSON object: a missing required field, a wrong type or a value out of range is
+    one GDecodeError naming the field. A null field counts as absent and takes the default."""
+
+    def __init__(self, d: dict, source: str):
+        self.d, self.source = d, source
+
+    def _get(self, key: str, default):
+        v = self.d.get(key)
+        if v is None and default is _REQUIRED:
+            raise GDecodeError(f"{self.source}: missing field {key}")
+        return v
+
+    def _bad(self, key: str, want: str, v):
+        raise GDecodeError(f"{self.source}: {key} must be {want}, not {_kind(v)} ({v!r:.40})")
+
+    def int(self, key: str, default=_REQUIRED, lo: int = 1, hi: int = _INT_LIMIT):
+        v = self._get(key, default)
+        if v is None:
+            return default
+        if type(v) is not int:
+            self._bad(key, "an integer", v)
+        if not lo <= v <= hi:
+            raise GDecodeError(f"{self.source}: {key} is {v}, outside [{lo}, {hi}]")
+        return v
+
+    def float(self, key: str, default=_REQUIRED, lo: float = 0.0, hi: float = math.inf):
+        v = self._get(key, default)
+        if v is None:
+            return default
+        if type(v) not in (int, float):
+            self._bad(key, "a number", v)
+        if not (math.isfinite(v) and lo < v < hi):
+            raise GDecodeError(f"{self.source}: {key} is {v}, outside ({lo:g}, {hi:g})")
+        return float(v)
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self._get(key, default)
+        if v is None:
+            return default
+        if type(v) is not bool:
+            self._bad(key, "true or false", v)
+        return v
+
+    def ids(self, key: str) -> tuple[int, ...]:
+        v = self.d.get(key)
+        if v is None:
+            return ()
+        items = v if isinstance(v, list) else [v]
+        if not all(type(i) is int and i >= 0 for i in items):
+            self._bad(key.lstrip("_"), "a token id or a list of ids", v)
+        return tuple(items)
+
+
+def _rope(f: _Fields) -> tuple[float, RopeScaling | None]:
+    d, source = f.d, f.source
+    params = d.get("rope_parameters")
+    scaling = d.get("rope_scaling")
+    for key, v in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if v is not None and not isinstance(v, dict):
+            raise GDecodeError(f"{source}: {key} must be an object or null, not {_kind(v)}")
+    params = params or {}
+    scaling = scaling or params
+    theta = f.float("rope_theta", None)
+    if theta is None:
+        theta = _Fields(params, source + " rope_parameters").float("rope_theta", 10000.0)
+    if not scaling:
+        return theta, None
+    kind = scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
         return theta, None
     if kind != "llama3":
         raise GDecodeError(f"{source}: unsupported rope scaling {kind!r} (supported: default, llama3)")
+    s = _Fields(scaling, f"{source} rope_scaling")
+    low, high = s.float("low_freq_factor", _REQUIRED), s.float("high_freq_factor", _REQUIRED)
+    if high <= low:
+        raise GDecodeError(f"{source} rope_scaling: high_freq_factor {high} must exceed low_freq_factor {low}")
     return theta, RopeScaling(
-        factor=float(scaling["factor"]),
-        low_freq_factor=float(scaling["low_freq_factor"]),
-        high_freq_factor=float(scaling["high_freq_factor"]),
-        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+        factor=s.float("factor", _REQUIRED),
+        low_freq_factor=low,
+        high_freq_factor=high,
+        original_max_position_embeddings=s.int("original_max_position_embeddings"),
     )

@@ -5,6 +5,16 @@ class GDecodeError(Exception):
     """A user-facing error: the CLI prints its message on one line and exits non-zero."""
 
 
+class NonFiniteLogits(GDecodeError):
+    """The logits of a step hold NaN or Inf: the weights or the arithmetic went wrong, so no token is sampled."""
+
+    def __init__(self, step: int, backend: str, count: int | None = None):
+        self.step, self.backend = step, backend
+        what = f"{count} non-finite values (NaN or Inf)" if count else "non-finite values (NaN or Inf)"
+        super().__init__(f"the logits of generation step {step} on the {backend} backend hold {what}: "
+                         "the weights hold NaN/Inf or the activations overflowed")
+
+
 def check_tokens(ids, vocab_size: int, max_context: int, start: int = 0) -> None:
     """Raise GDecodeError unless every id is in [0, vocab_size) and positions start..start+len(ids)-1
     fit a context of max_context positions (the one range check of every path into a KV cache)."""

@@ -9,12 +9,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from engine.config import ModelConfig
 from engine.errors import GDecodeError
 from engine.loader import load_model
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, TokenLogprobs
 from engine.tokenizer import StreamDecoder
 
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
+DEFAULT_MODEL_NAME = "models/smollm2-135m-instruct"  # in the repository; what the help shows
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / DEFAULT_MODEL_NAME
 BACKENDS = ("auto", "cuda", "numpy")
 
 
@@ -24,7 +26,7 @@ class GenerationStats:
     new_tokens: int = 0
     seconds: float = 0.0  # first token to last
     ttft: float = 0.0  # request start to first token
-    stop_reason: str = ""  # eos | stop | length | context
+    stop_reason: str = ""  # eos | stop | length | context (the CLI adds interrupted | closed)
 
     @property
     def tok_per_s(self) -> float:
@@ -59,11 +61,16 @@ class LLM:
                                    "--quantize applies to bf16, fp16 and fp32 models")
         loaded = load_model(model_dir)
         self.cfg, self.tokenizer, weights = loaded.cfg, loaded.tokenizer, loaded.weights
+        limit = self.cfg.max_position_embeddings
+        if max_context is not None and max_context > limit:
+            raise GDecodeError(f"--max-context {max_context} is above the model's limit of {limit} positions "
+                               "(max_position_embeddings, capped by any sliding window)")
         if quantize is not None:
             check_quantize(weights, quantize, str(model_dir))
         self.quantize, self.gguf = quantize, loaded.gguf
         self.backend = self._make_backend(backend, weights, max_context, use_graph, notice)
         self.stats = GenerationStats()
+        self.logprobs: list[TokenLogprobs] = []
 
     def _make_backend(self, backend, weights, max_context, use_graph, notice):
         if backend in ("auto", "cuda"):
@@ -77,27 +84,37 @@ class LLM:
             if backend == "cuda":
                 raise GDecodeError("--backend cuda: no CUDA GPU found")
             notice("no CUDA GPU found: using the numpy backend")
-        from engine.backend_numpy import NumpyBackend
+        from engine.backend_numpy import DEFAULT_MAX_CONTEXT, NumpyBackend
 
         if self.gguf:
             from engine.qweights import dequantized
 
             weights = dequantized(weights)  # the bf16 values import-gguf writes
+        _check_host_memory(self.cfg, max_context or min(self.cfg.max_position_embeddings, DEFAULT_MAX_CONTEXT))
         return NumpyBackend(self.cfg, weights, max_context=max_context, quantize=self.quantize)
 
     @property
     def max_context(self) -> int:
         return self.backend.max_context
 
+    @property
+    def max_prompt_bytes(self) -> int:
+        """A prompt of more UTF-8 bytes than this cannot fit the context (see Tokenizer.max_text_bytes)."""
+        return self.tokenizer.max_text_bytes(self.max_context)
+
     def encode_prompt(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
+        """Token ids of the prompt. A prompt that cannot fit the context is refused before the whole
+        of it is tokenized."""
         if chat:
             head = [{"role": "system", "content": system}] if system is not None else []
-            return self.tokenizer.encode_chat([*head, {"role": "user", "content": prompt}])
-        return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode_chat([*head, {"role": "user", "content": prompt}],
+                                              max_tokens=self.max_context)
+        return self.tokenizer.encode(prompt, max_tokens=self.max_context)
 
     def generate(self, prompt: str, params: SamplingParams = SamplingParams(), chat: bool = False,
                  system: str | None = None) -> Iterator[str]:
-        """Yield the generated text (not the prompt) piece by piece; self.stats is filled as it goes.
+        """Yield the generated text (not the prompt) piece by piece; self.stats is filled as it goes, and
+        with params.logprobs, self.logprobs gets each generated token's TokenLogprobs.
         With chat, the prompt is one user message (after `system`, if given) in the chat template."""
         t0 = time.perf_counter()
         ids = self.encode_prompt(prompt, chat, system)
@@ -111,7 +128,8 @@ class LLM:
         if params.seed is None:
             params = replace(params, seed=secrets.randbits(63))
         self.stats = stats = GenerationStats(prompt_tokens=len(ids), stop_reason="length")
-        decoder = StreamDecoder(self.tokenizer)
+        self.logprobs = []
+        decoder = StreamDecoder(self.tokenizer, context=ids)
         stops = StopMatcher(params.stop)
         eos = self.tokenizer.eos_ids
         tokens = self.backend.generate(ids, params, budget)
@@ -124,6 +142,8 @@ class LLM:
                     stats.ttft = now - t0
                 stats.new_tokens += 1
                 stats.seconds = now - t_first
+                if params.logprobs is not None:
+                    self.logprobs.append(self.backend.token_logprobs)
                 if token in eos:
                     stats.stop_reason = "eos"
                     break
@@ -142,6 +162,20 @@ class LLM:
                     yield text
         finally:
             tokens.close()
+
+
+def _check_host_memory(cfg: ModelConfig, max_context: int) -> None:
+    """The numpy backend's float32 KV cache must fit the host's available memory."""
+    need = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * max_context * 4
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    if need > avail:
+        raise GDecodeError(f"the numpy backend's float32 KV cache for {max_context} positions needs "
+                           f"{need / 2**30:.1f} GiB but {avail / 2**30:.1f} GiB of memory is available: "
+                           "lower --max-context")
 
 
 class StopMatcher:

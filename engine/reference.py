@@ -170,7 +170,8 @@ class ReferenceModel:
             attn = split_kv_attention(q[0], self.k[i], self.v[i], end, self.attn_splits)[None]
         else:
             attn = causal_attention(q, self.k[i, :, :end], self.v[i, :, :end], start)
-        x = x + attn.reshape(t, qs) @ lw.wo.T
+        out = attn.reshape(t, qs) @ lw.wo.T
+        x = x + (out if lw.bo is None else out + lw.bo)
         gate_up = rms_norm(x, lw.mlp_norm, eps) @ lw.w_gate_up.T
         inter = cfg.intermediate_size
         return x + (silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ lw.w_down.T

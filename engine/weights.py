@@ -29,6 +29,7 @@ class LayerWeights:
     mlp_norm: np.ndarray  # [H]
     w_gate_up: np.ndarray  # [2*I, H]  rows: gate, then up
     w_down: np.ndarray  # [H, I]
+    bo: np.ndarray | None = None  # [H] o_proj bias (Llama, Qwen3 with attention_bias) or None
 
 
 @dataclass
@@ -44,59 +45,121 @@ class ModelWeights:
 
 
 DTYPES = {"BF16": np.dtype(ml_dtypes.bfloat16), "F16": np.dtype(np.float16), "F32": np.dtype(np.float32)}
-_MAX_HEADER = 100 << 20
+# bits per element of every dtype a safetensors file may hold (the ones we do not load are still checked)
+_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16,
+         "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6,
+         "F6_E3M2": 6}
+_MAX_HEADER = 100 << 20  # the safetensors library's own limit
+
+
+@dataclass(frozen=True)
+class _Info:
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _unique_keys(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise GDecodeError(f"duplicate key {k!r}")
+        d[k] = v
+    return d
+
+
+def parse_header(raw: bytes, data_bytes: int, where: str) -> dict[str, _Info]:
+    """Tensor name -> (dtype, shape, offsets) of a safetensors header, checked as the safetensors library
+    checks it: known dtypes, non-negative integer dimensions, sizes that match, and data ranges that
+    are in order, without gaps or overlaps, and fill the data_bytes after the header exactly."""
+    bad = f"{where}: not a safetensors file:"
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except GDecodeError as e:
+        raise GDecodeError(f"{bad} header has a {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise GDecodeError(f"{bad} header is not JSON") from None
+    if not isinstance(header, dict):
+        raise GDecodeError(f"{bad} header is not a JSON object")
+    meta = header.pop("__metadata__", None)
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise GDecodeError(f"{bad} __metadata__ must map names to strings")
+    infos = {}
+    for name, e in header.items():
+        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+            raise GDecodeError(f"{bad} tensor {name} needs exactly dtype, shape and data_offsets")
+        kind, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
+        if kind not in _BITS:
+            raise GDecodeError(f"{bad} tensor {name} has unknown dtype {kind!r}")
+        if not isinstance(shape, list) or not all(type(x) is int and x >= 0 for x in shape):
+            raise GDecodeError(f"{bad} tensor {name} shape {shape!r:.60} is not a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(x) is int and x >= 0 for x in offsets)
+                or offsets[0] > offsets[1]):
+            raise GDecodeError(f"{bad} tensor {name} data_offsets {offsets!r:.60} are not [begin, end]")
+        bits = math.prod(shape) * _BITS[kind]
+        if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
+            raise GDecodeError(f"{bad} tensor {name} holds {offsets[1] - offsets[0]} bytes, but {kind} "
+                               f"{shape} needs {bits / 8:g}")
+        infos[name] = _Info(kind, tuple(shape), offsets[0], offsets[1])
+    at = 0
+    for name, info in sorted(infos.items(), key=lambda kv: (kv[1].begin, kv[1].end)):
+        if info.begin != at:
+            what = "overlaps the tensor before it" if info.begin < at else f"leaves a gap at byte {at}"
+            raise GDecodeError(f"{bad} tensor {name} data at bytes {info.begin}..{info.end} {what}")
+        at = info.end
+    if at != data_bytes:
+        if at > data_bytes:
+            cut = next(n for n, i in infos.items() if i.end > data_bytes)
+            raise GDecodeError(f"{where}: truncated safetensors file: tensor {cut} runs past the end (the header "
+                               f"describes {at} bytes of data, the file holds {data_bytes})")
+        raise GDecodeError(f"{bad} {data_bytes - at} bytes after the last tensor's data")
+    return infos
 
 
 class _SafetensorsFile:
-    """One memory-mapped .safetensors file; tensors are read-only views into the map."""
+    """One memory-mapped .safetensors file; tensors are read-only views into the map.
+
+    The header is read into memory and validated, as a whole, against the size of the open file
+    before anything is mapped, so no view can reach past the end of the file as it was opened.
+    """
 
     def __init__(self, path: Path, wanted: str):
         self.path = path
-        bad = f"{path}: not a safetensors file (while looking for tensor {wanted}):"
+        where = f"{path} (while looking for tensor {wanted})"
         try:
-            size = path.stat().st_size
             with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
                 head = f.read(8)
                 n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
                 if not 0 < n <= min(size - 8, _MAX_HEADER):
-                    raise GDecodeError(f"{bad} bad header length")
-                header = json.loads(f.read(n))
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + n else b""
+                    raise GDecodeError(
+                        f"{where}: not a safetensors file: header length {n} does not fit the file "
+                        f"({size} bytes)" if n > 0 else f"{where}: not a safetensors file: no header"
+                    )
+                raw = f.read(n)
+                if len(raw) != n:
+                    raise GDecodeError(f"{where}: truncated safetensors file (the header is cut short)")
+                self.infos = parse_header(raw, size - 8 - n, where)
+                self._map = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size > 8 + n else b""
             if hasattr(self._map, "madvise"):
                 # start readahead: every byte is read soon (fused now, uploaded next)
                 self._map.madvise(mmap.MADV_WILLNEED)
         except OSError as e:
             raise GDecodeError(f"{path}: cannot read ({e.strerror}) while looking for tensor {wanted}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise GDecodeError(f"{bad} header is not JSON") from None
-        if not isinstance(header, dict):
-            raise GDecodeError(f"{bad} header is not a JSON object")
-        header.pop("__metadata__", None)
-        self.header = header
+        self.header = self.infos
         self._base = 8 + n
-        self._size = size
 
     def tensor(self, name: str) -> np.ndarray:
-        info = self.header.get(name)
-        try:
-            shape = tuple(int(s) for s in info["shape"])
-            begin, end = (int(o) for o in info["data_offsets"])
-            kind = str(info["dtype"])
-        except (TypeError, KeyError, ValueError):
-            raise GDecodeError(f"{self.path}: tensor {name} has a malformed header entry") from None
-        dtype = DTYPES.get(kind)
+        info = self.infos[name]
+        dtype = DTYPES.get(info.dtype)
         if dtype is None:
             supported = ", ".join(DTYPES)
-            raise GDecodeError(f"{self.path}: tensor {name} has unsupported dtype {kind} (supported: {supported})")
-        count = math.prod(shape)
-        if self._base + end > self._size:
             raise GDecodeError(
-                f"{self.path}: tensor {name} data ends at byte {self._base + end}, past the end of the "
-                f"file ({self._size} bytes); the file is truncated"
+                f"{self.path}: tensor {name} has unsupported dtype {info.dtype} (supported: {supported})"
             )
-        if begin < 0 or end - begin != count * dtype.itemsize:
-            raise GDecodeError(f"{self.path}: tensor {name} data_offsets do not match its shape and dtype")
-        return np.frombuffer(self._map, dtype, count, self._base + begin).reshape(shape)
+        count = math.prod(info.shape)
+        return np.frombuffer(self._map, dtype, count, self._base + info.begin).reshape(info.shape)
 
 
 class _Checkpoint:
@@ -172,6 +235,8 @@ def _layer(ck: _Checkpoint, cfg: ModelConfig, i: int) -> dict:
     }
     if cfg.attention_bias:
         shapes.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
+    if cfg.o_proj_bias:
+        shapes["self_attn.o_proj.bias"] = (h,)
     if cfg.qk_norm:
         shapes.update({"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)})
     return {k: ck.get(p + k, s) for k, s in shapes.items()}
@@ -193,6 +258,7 @@ def _build_layer(ck: _Checkpoint, i: int, t: dict) -> LayerWeights:
         mlp_norm=t["post_attention_layernorm.weight"],
         w_gate_up=fuse("mlp.gate_proj.weight", "mlp.up_proj.weight"),
         w_down=t["mlp.down_proj.weight"],
+        bo=t.get(a + "o_proj.bias"),
     )
 
 

@@ -10,16 +10,22 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
+from engine.sampling import SamplingParams
 from engine.weights import ModelWeights
 from kernels.numerics import rope_tables
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-# the C struct DecodeState of kernels/common.cuh
+# the C struct DecodeState of kernels/common.cuh, field for field (tests/test_state.py parses the struct)
 STATE_DTYPE = np.dtype([
     ("token", "<i4"), ("pos", "<i4"), ("prompt_len", "<i4"), ("ring_mask", "<i4"),
     ("step", "<u8"), ("seed", "<u8"),
-    ("temperature", "<f4"), ("top_k", "<i4"), ("top_p", "<f4"), ("pad", "<i4"),
+    ("temperature", "<f4"), ("top_k", "<i4"), ("top_p", "<f4"), ("min_p_log", "<f4"),
+    ("repeat_penalty", "<f4"), ("repeat_last_n", "<i4"), ("presence_penalty", "<f4"), ("frequency_penalty", "<f4"),
+    ("logprobs", "<i4"), ("flags", "<u4"),
 ])
+assert STATE_DTYPE.itemsize == 72, "sizeof(DecodeState), asserted in kernels/common.cuh too"
+STATE_REPEAT, STATE_COUNTS, STATE_NONFINITE = 1, 2, 4  # DecodeState.flags
+INT32_MAX = 2**31 - 1
 GUARD = 4096  # bf16 elements after each cache half, never written by a kernel
 GUARD_BITS = 0x7FC1  # a bf16 NaN unlike the 0x7FC0 that kernels write for NaN
 HEADROOM = 1 << 30  # device memory left free after sizing the KV cache
@@ -203,6 +209,44 @@ def fit_context(cfg: ModelConfig, requested: int | None, free_bytes: int) -> int
     return ctx
 
 
+def state_record(params: SamplingParams | None, seed: int, *, token: int, pos: int, prompt_len: int,
+                 ring_mask: int) -> np.ndarray:
+    """The one DecodeState record the host writes: a request's sampling options (None: greedy) with
+    the token at `pos` to run next."""
+    p = params or SamplingParams(temperature=0.0)
+    st = np.zeros(1, STATE_DTYPE)
+    st["token"], st["pos"], st["prompt_len"], st["ring_mask"] = token, pos, prompt_len, ring_mask
+    st["seed"] = np.uint64(seed % 2**64)
+    st["temperature"] = 0.0 if p.greedy else p.temperature
+    st["top_k"] = min(p.top_k, INT32_MAX)
+    st["top_p"] = p.top_p
+    st["min_p_log"] = p.min_p_log
+    st["repeat_penalty"] = p.repeat_penalty
+    st["repeat_last_n"] = min(p.repeat_last_n, INT32_MAX)
+    st["presence_penalty"], st["frequency_penalty"] = p.presence_penalty, p.frequency_penalty
+    st["logprobs"] = -1 if p.logprobs is None else p.logprobs
+    st["flags"] = (STATE_REPEAT if p.penalizes_repeats else 0) | (STATE_COUNTS if p.penalizes_counts else 0)
+    return st
+
+
+def repeat_window(ids: np.ndarray, pos: int, last_n: int) -> np.ndarray:
+    """The tokens the repeat penalty covers when the token at `pos` runs: the last last_n of ids[:pos + 1]
+    (all of them for -1)."""
+    start = 0 if last_n < 0 else max(0, pos + 1 - last_n)
+    return ids[start : pos + 1] if last_n else ids[:0]
+
+
+def host_mapped(cp, n_int32: int):
+    """Pinned host memory the device can address: (numpy int32 view, memory, device address)."""
+    from cuda.bindings import driver
+
+    from kernels.cuda import check
+
+    mem = cp.cuda.PinnedMemory(n_int32 * 4, flags=CUDA_HOST_ALLOC_MAPPED)
+    view = np.ctypeslib.as_array((ctypes.c_int32 * n_int32).from_address(mem.ptr))
+    return view, mem, int(check(driver.cuMemHostGetDevicePointer(mem.ptr, 0), "cuMemHostGetDevicePointer"))
+
+
 class DecodeBuffers:
     """Every buffer the decode step reads or writes; nothing is allocated after this."""
 
@@ -234,19 +278,20 @@ class DecodeBuffers:
         self.pm = cp.zeros((nh, attn_splits), f32)
         self.pl = cp.zeros((nh, attn_splits), f32)
         self.pacc = cp.zeros((nh, attn_splits, hd), f32)
-        self.scratch_z = cp.zeros(cfg.vocab_size, f32)
-        self.scratch_i = cp.zeros(cfg.vocab_size, cp.int32)
-        # ring: host-mapped pinned memory the sampler writes each step's next token into
+        # the sampler's penalty counts and scratch (kernels/sample.cu)
+        from kernels.ops import SAMPLE_LP_WORDS, sample_shape, sample_work_words, sm_count
+
+        self.counts = cp.zeros(cfg.vocab_size, cp.int32)
+        self.window = cp.zeros(cfg.vocab_size, cp.int32)
+        self.sample_work = cp.zeros(sample_work_words(sample_shape(cfg.vocab_size, sm_count())[0]), cp.uint64)
+        # rings: host-mapped pinned memory the sampler writes each step's next token (and its
+        # log-probabilities) into
         self.ring_size = ring_size
-        self._ring_mem = cp.cuda.PinnedMemory(ring_size * 4, flags=CUDA_HOST_ALLOC_MAPPED)
-        self.ring = np.ctypeslib.as_array((ctypes.c_int32 * ring_size).from_address(self._ring_mem.ptr))
+        self.ring, self._ring_mem, self.ring_dev = host_mapped(cp, ring_size)
         self.ring[:] = -1
-        from cuda.bindings import driver
-
-        from kernels.cuda import check
-
-        self.ring_dev = int(check(driver.cuMemHostGetDevicePointer(self._ring_mem.ptr, 0),
-                                  "cuMemHostGetDevicePointer"))
+        lp, self._lp_mem, self.lp_ring_dev = host_mapped(cp, ring_size * SAMPLE_LP_WORDS)
+        self.lp_ring = lp.reshape(ring_size, SAMPLE_LP_WORDS)
+        self._request = None
 
     def layer_cache(self, layer: int):
         """(k, v) device addresses of one layer's [kv_heads, max_ctx, hd] cache."""
@@ -265,18 +310,38 @@ class DecodeBuffers:
         n = self.cache_elems
         return bool((g[n : n + GUARD] == GUARD_BITS).all() and (g[2 * n + GUARD :] == GUARD_BITS).all())
 
-    def write_state(self, stream, prompt_ids, temperature=0.0, top_k=0, top_p=1.0, seed=0):
-        """Start a request on `stream` (a cupy Stream): the prompt and a fresh state at position 0."""
-        ids = np.asarray(prompt_ids, dtype=np.int32)
-        st = np.zeros(1, STATE_DTYPE)
-        st["token"], st["pos"], st["prompt_len"] = ids[0], 0, ids.size
-        st["ring_mask"] = self.ring_size - 1
-        st["seed"] = np.uint64(seed % 2**64)
-        st["temperature"], st["top_k"], st["top_p"] = temperature, top_k, top_p
-        self.prompt[: ids.size].set(ids, stream=stream)
-        self.state.set(st.view(np.uint8), stream=stream)
+    def write_state(self, stream, prompt_ids, params: SamplingParams | None = None, seed: int = 0, *,
+                    pos: int = 0) -> None:
+        """Start a request on `stream` (a cupy Stream), the only way the host writes the decode state:
+        the prompt, the penalty counts as of `pos` and the state record (state_record) with the
+        prompt's token at `pos` to run next (0, or n - 1 once a batched prefill holds the rest)."""
+        import cupy as cp
+
+        ids = np.asarray(prompt_ids, dtype=np.int32).reshape(-1)
+        if not 0 <= pos < ids.size:
+            raise ValueError(f"position {pos} is outside a prompt of {ids.size} tokens")
+        p = params or SamplingParams(temperature=0.0)
+        self._request = (ids, p, seed)
+        st = state_record(p, seed, token=int(ids[pos]), pos=pos, prompt_len=ids.size, ring_mask=self.ring_size - 1)
+        with stream:
+            self.prompt[: ids.size].set(ids, stream=stream)
+            if p.penalizes_counts:
+                self.counts.fill(0)
+            if p.penalizes_repeats:
+                self.window.fill(0)
+                toks, n = np.unique(repeat_window(ids, pos, p.repeat_last_n), return_counts=True)
+                if toks.size:
+                    self.window[cp.asarray(toks)] = cp.asarray(n.astype(np.int32))
+            self.state.set(st.view(np.uint8), stream=stream)
         stream.synchronize()
+
+    def seek(self, stream, pos: int) -> None:
+        """Point the current request (the last write_state) at position `pos` of its prompt."""
+        if self._request is None:
+            raise RuntimeError("no request to seek in: write_state first")
+        ids, params, seed = self._request
+        self.write_state(stream, ids, params, seed, pos=pos)
 
     def read_state(self) -> dict:
         st = self.state.get().view(STATE_DTYPE)[0]
-        return {name: st[name].item() for name in STATE_DTYPE.names if name != "pad"}
+        return {name: st[name].item() for name in STATE_DTYPE.names}

@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError, check_tokens
-from graphs.buffers import STATE_DTYPE, DecodeBuffers, DeviceWeights
+from graphs.buffers import DecodeBuffers, DeviceWeights
 from graphs.linear import linear
 from graphs.quant_weights import DequantGemm, dequant_scratch, is_blocks
 from kernels import gemv_ops
@@ -151,9 +151,7 @@ class Prefill:
             raise GDecodeError(f"prefill start {start} is outside a prompt of {n} tokens")
         if n - 1 > start:
             self.run(ids[start:-1], start=start)
-        at = STATE_DTYPE.fields["token"][1]
-        assert STATE_DTYPE.fields["pos"][1] == at + 4
-        self.bufs.state[at : at + 8].set(np.array([ids[-1], n - 1], np.int32).view(np.uint8), stream=self.stream)
+        self.bufs.seek(self.stream, n - 1)
 
 
 _PREFILLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -17,6 +18,9 @@ except ImportError:  # non-POSIX: atomic replace alone keeps entries whole
 _MAGIC = b"GDCUBIN1"
 _HEADER = struct.Struct("<8sQQ32s")  # magic, cubin bytes, log bytes, sha256(cubin + log)
 _FALLBACK_VERSION = "0.1.0"
+_MAX_ENTRY = 64 << 20  # a cubin of this project is well under 1 MB; anything larger is not an entry
+# never follow a link, never wait on a FIFO
+_OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def package_version() -> str:
@@ -72,11 +76,10 @@ class CubinCache:
         return self.root / f"{key}.cubin"
 
     def get(self, key: str) -> tuple[bytes, str] | None:
-        try:
-            data = self.path(key).read_bytes()
-        except OSError:
-            return None
-        return decode_entry(data)
+        """The entry, or None when it is missing, corrupt, or not a plain file of sane size (a link,
+        FIFO, device or directory is never followed or read, and is replaced by the next put)."""
+        data = read_regular(self.path(key), _MAX_ENTRY)
+        return None if data is None else decode_entry(data)
 
     def put(self, key: str, cubin: bytes, log: str) -> Path:
         root = self.root
@@ -101,15 +104,56 @@ class CubinCache:
         if fcntl is None:
             yield
             return
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            f = open(self.root / f"{key}.lock", "a+b")
-        except OSError:
+        fd = _open_lock(self.root, self.root / f"{key}.lock")
+        if fd is None:
             yield
             return
-        with f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def read_regular(path: Path, limit: int) -> bytes | None:
+    """The bytes of path if it is a regular file (not a link) of at most limit bytes, else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _open_lock(root: Path, path: Path) -> int | None:
+    """A descriptor on the regular lock file at path; anything else there (a link, FIFO, device) is
+    removed and a fresh file made. None when no lock can be had: compiles then only rely on os.replace."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, 0o644)
+            except OSError:
+                fd = None
+            if fd is not None:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    return fd
+                os.close(fd)
+            if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+                os.unlink(path)
+            else:
+                return None
+    except OSError:
+        return None
+    return None

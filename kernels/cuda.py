@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import glob
+import os
 import threading
+from dataclasses import dataclass
 
 
 class CudaError(RuntimeError):
@@ -55,19 +58,70 @@ def check(result, call: str):
     return values[0] if len(values) == 1 else values
 
 
+@dataclass(frozen=True)
+class GpuStatus:
+    """What `probe_gpu` found: a usable device, none, or a CUDA stack that is broken."""
+
+    available: bool
+    broken: bool  # cuda-python or the driver failed to load or initialise (not merely no device)
+    reason: str  # why no GPU is usable; "" when one is
+
+
+NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE
+
+
+def _load_driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _device_nodes() -> bool:
+    return os.path.exists("/dev/nvidiactl") or bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def probe_gpu(load_driver=_load_driver, device_nodes=_device_nodes) -> GpuStatus:
+    """Look for a CUDA GPU; never raises.
+
+    A missing cuda-python, or a driver error other than "no device", is reported as broken, and so
+    is a driver that cannot be loaded where NVIDIA device nodes exist (a GPU machine whose install
+    is broken), so that callers need not mistake it for a machine without a GPU.
+    """
+    try:
+        driver = load_driver()
+    except Exception as e:
+        return GpuStatus(False, True, f"cuda-python import failed: {type(e).__name__}: {e}")
+    try:
+        (err,) = driver.cuInit(0)
+    except Exception as e:  # libcuda not found or not loadable
+        if device_nodes():
+            return GpuStatus(False, True, f"NVIDIA device nodes exist but the CUDA driver could not be loaded "
+                                          f"({type(e).__name__}: {e})")
+        return GpuStatus(False, False, f"no CUDA GPU available (no CUDA driver: {type(e).__name__})")
+    if int(err) == NO_DEVICE:
+        return GpuStatus(False, False, "no CUDA GPU available (cuInit: CUDA_ERROR_NO_DEVICE)")
+    if int(err) != 0:
+        return GpuStatus(False, True, f"CUDA driver error: cuInit returned {getattr(err, 'name', err)}")
+    try:
+        err, count = driver.cuDeviceGetCount()
+    except Exception as e:
+        return GpuStatus(False, True, f"CUDA driver error: cuDeviceGetCount raised {type(e).__name__}: {e}")
+    if int(err) != 0:
+        return GpuStatus(False, True, f"CUDA driver error: cuDeviceGetCount returned {getattr(err, 'name', err)}")
+    if count < 1:
+        return GpuStatus(False, False, "no CUDA GPU available (the driver reports 0 devices)")
+    return GpuStatus(True, False, "")
+
+
 @functools.cache
+def gpu_status() -> GpuStatus:
+    """`probe_gpu()` of this process, once."""
+    return probe_gpu()
+
+
 def gpu_available() -> bool:
     """True when the CUDA driver initialises and reports at least one device; never raises."""
-    try:
-        from cuda.bindings import driver
-
-        (err,) = driver.cuInit(0)
-        if int(err) != 0:
-            return False
-        err, count = driver.cuDeviceGetCount()
-        return int(err) == 0 and count >= 1
-    except Exception:
-        return False
+    return gpu_status().available
 
 
 _local = threading.local()

@@ -8,8 +8,13 @@ import math
 from kernels.launch import Launch, Module
 from kernels.tuning import Tuning
 
-SAMPLE_BLOCK = 1024
-SAMPLE_CAP = 4096
+SAMPLE_BLOCK = 512
+SAMPLE_SLICE = 2048  # logits per sampler block at least: fewer, larger blocks for a small vocabulary
+SAMPLE_MAX_PER = 8  # logits per sampler thread at most (registers)
+SAMPLE_MAX_BLOCKS = 128  # the merges gather every block's lists into shared memory
+SAMPLE_MAX_RECORDS = 64  # records kept per block and overall
+SAMPLE_MAX_LOGPROBS = 20  # log-probabilities per token at most (engine/sampling.py MAX_LOGPROBS)
+SAMPLE_LP_WORDS = 44  # int32 words of one log-probability ring slot: token, logprob, n, (id, logprob) x MAX_LOGPROBS
 
 
 @functools.cache
@@ -46,11 +51,37 @@ def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: i
         [qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, nh, kv_heads, max_ctx, eps], pdl=pdl)
 
 
-def sample(logits, amax, state, prompt, ring, scratch_z, scratch_i, *, vocab: int, max_ctx: int,
+def sample_shape(vocab: int, sms: int) -> tuple[int, int]:
+    """(blocks, logits per thread) of the sampler: a block per SAMPLE_SLICE logits, at most one per SM
+    (its grid barrier needs every block resident at once)."""
+    grid = max(1, min(math.ceil(vocab / SAMPLE_SLICE), sms, SAMPLE_MAX_BLOCKS))
+    per = math.ceil(vocab / (grid * SAMPLE_BLOCK))
+    if per > SAMPLE_MAX_PER:
+        raise ValueError(f"a vocabulary of {vocab} needs more than {SAMPLE_MAX_PER} logits per sampler thread")
+    return grid, per
+
+
+def sample_work_words(grid: int) -> int:
+    """uint64 words of the sampler's scratch (kernels/sample.cu's layout: a header, two [MAX_RECORDS + 1]
+    accumulators, then per block its record count, MAX_RECORDS record keys and z keys, and MAX_LOGPROBS
+    raw keys)."""
+    return 8 + 2 * (SAMPLE_MAX_RECORDS + 1) + grid * (1 + 2 * SAMPLE_MAX_RECORDS + SAMPLE_MAX_LOGPROBS)
+
+
+def sample(logits, amax, state, tokens, ring, lp_ring, counts, window, work, *, vocab: int, max_ctx: int,
            pdl: bool = False) -> Launch:
-    mod = module("sample", BLOCK=SAMPLE_BLOCK, CAP=SAMPLE_CAP)
-    return mod.function("sample", "PPPPPPPii").prepare(
-        1, SAMPLE_BLOCK, [logits, amax, state, prompt, ring, scratch_z, scratch_i, vocab, max_ctx], pdl=pdl)
+    """Pick the next token (engine/sampling.py's rule), advance the state and write the host rings.
+
+    tokens [max_ctx] int32: the context, the sampler appends to it; ring [R] and lp_ring [R, SAMPLE_LP_WORDS]
+    int32: host-mapped rings (device addresses); counts, window [vocab] int32: penalty counts;
+    work: uint64 [sample_work_words(grid)], zero before the first launch.
+    """
+    grid, per = sample_shape(vocab, sm_count())
+    mod = module("sample", BLOCK=SAMPLE_BLOCK, PER_THREAD=per, BLOCKS=grid, MAX_RECORDS=SAMPLE_MAX_RECORDS,
+                 MAX_LOGPROBS=SAMPLE_MAX_LOGPROBS, LP_WORDS=SAMPLE_LP_WORDS, WORK_WORDS=sample_work_words(grid))
+    return mod.function("sample", "PPPPPPPPPii").prepare(
+        grid, SAMPLE_BLOCK, [logits, amax, state, tokens, ring, lp_ring, counts, window, work, vocab, max_ctx],
+        pdl=pdl)
 
 
 _GEMV_NAMES = ("gemv", "gemv_rope", "Epilogue", "EPI_STORE", "EPI_ADD", "EPI_SILU", "EPI_GATE", "QuantWeight",

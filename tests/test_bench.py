@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from engine.bench import kind_bytes
+from engine.bench import TG_TOKENS, kind_bytes
 from engine.shapes import SHAPES, decode_bytes, shape
+from graphs.decode import STEP_KINDS
+from kernels.tuning import Tuning
 from tests.test_cli import assert_one_line_error, gdecode
 
 
@@ -49,14 +51,36 @@ def test_no_gpu_is_a_clear_error():
 
 
 @pytest.mark.gpu
-def test_bench_json_smoke():
+def test_bench_json_fields_agree():
     r = gdecode("bench", "--shape", "smollm2-135m", "--depth", "0,600", "--json", "--breakdown")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["copy_gb_s"] > 100
-    tests = {x["test"] for x in out["results"]}
-    assert tests == {"pp512", "tg128", "pp512@600", "tg128@600"}
-    for x in out["results"]:
-        assert x["tok_s"] > 0 and x["ms_per_token"] > 0
-    assert {k["kernel"] for k in out["breakdown"]} == {"embed", "qkv_proj", "attn", "o_proj", "gate_up", "down_proj",
-                                                       "lm_head", "sample"}
+    cfg, copy = shape("smollm2-135m"), out["copy_gb_s"]
+    assert out["model"] == "smollm2-135m" and copy > 100
+    rows = {x["test"]: x for x in out["results"]}
+    assert set(rows) == {"pp512", "tg128", "pp512@600", "tg128@600"}
+    splits = {x["splits"] for x in out["results"]}
+    assert len(splits) == 1 and splits.pop() >= 1
+    for name, x in rows.items():
+        depth = int(name.partition("@")[2] or 0)
+        assert x["tok_s"] > 0 and x["tok_s"] * x["ms_per_token"] == pytest.approx(1e3, rel=1e-9), name
+        if name.startswith("tg"):
+            # bytes at the mean nkv of the 128 steps / time per token; % of the same run's copy bandwidth
+            want = decode_bytes(cfg, depth + TG_TOKENS // 2 + 1) / (x["ms_per_token"] * 1e-3) / 1e9
+            assert x["mode"] == "graph" and x["gb_s"] == pytest.approx(want, rel=1e-9), name
+            assert x["pct_copy"] == pytest.approx(100 * x["gb_s"] / copy, rel=1e-9), name
+        else:
+            assert x["mode"] in ("prefill", "replay") and x["gb_s"] is None and x["pct_copy"] is None, name
+    # the breakdown: one eager step at the last depth, every launch of it counted once
+    kinds = out["breakdown"]
+    once = {"embed", "lm_head", "sample"}
+    counts = {k["kernel"]: k["launches"] for k in kinds}
+    assert {"embed", "qkv_proj", "attn", "o_proj", "gate_up", "down_proj", "lm_head", "sample"} <= set(counts)
+    assert set(counts) <= set(STEP_KINDS)
+    assert all(n == (1 if kind in once else cfg.num_layers) for kind, n in counts.items()), counts
+    nbytes = kind_bytes(cfg, 600 + 1, rows["tg128"]["splits"], Tuning().attn.min_chunk)
+    for k in kinds:
+        assert k["ms"] > 0 and k["us_per_launch"] == pytest.approx(1e3 * k["ms"] / k["launches"], rel=1e-9)
+        assert k["gb_s"] == pytest.approx(nbytes[k["kernel"]] / (k["ms"] * 1e-3) / 1e9, rel=1e-9)
+    assert sum(k["share"] for k in kinds) == pytest.approx(100, rel=1e-9)
+    assert [k["ms"] for k in kinds] == sorted((k["ms"] for k in kinds), reverse=True)

@@ -2,12 +2,13 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from kernels import compiler
-from kernels.cache import CubinCache, decode_entry, default_cache_dir, encode_entry
+from kernels.cache import CubinCache, decode_entry, default_cache_dir, encode_entry, read_regular
 from kernels.compiler import KernelCompileError, compile_kernel, declared_budgets, declared_defines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,3 +248,69 @@ def test_cli_table():
     assert "block_sum" in result.output and "48" in result.output
     result = CliRunner().invoke(app, ["kernels", "--arch", "sm_1"])
     assert isinstance(result.exception, GDecodeError)
+
+
+# ---- cache entries and locks that are not plain files: never followed, never blocking, rebuilt ----
+
+
+def _in_thread(fn, timeout=60):
+    """fn() run in a thread: a call that blocks (on a FIFO) fails the test instead of hanging it."""
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", fn()), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "blocked"
+    return out.get("r")
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "oversized", "directory"])
+def test_odd_entry_is_rebuilt_without_following_it(nvrtc_calls, tmp_path, kind):
+    good = compile_kernel(CHAIN, arch=ARCH)
+    path = CubinCache().path(good.key)
+    elsewhere = tmp_path / "elsewhere.cubin"
+    elsewhere.write_bytes(path.read_bytes())  # a valid entry: following the link would wrongly hit
+    path.unlink()
+    if kind == "symlink":
+        path.symlink_to(elsewhere)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "oversized":
+        with open(path, "wb") as f:
+            f.truncate(65 << 20)  # sparse
+    else:
+        path.mkdir()
+    assert _in_thread(lambda: CubinCache().get(good.key)) is None
+    again = _in_thread(lambda: compile_kernel(CHAIN, arch=ARCH))
+    assert not again.cached and again.cubin == good.cubin and len(nvrtc_calls) == 2
+    assert elsewhere.read_bytes() == encode_entry(good.cubin, good.log)
+    if kind != "directory":  # a directory cannot be replaced by a file: the compile still succeeds
+        assert path.is_file() and not path.is_symlink()
+        assert decode_entry(path.read_bytes()) == (again.cubin, again.log)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "dangling"])
+def test_odd_lock_is_not_followed(cache_dir, tmp_path, kind):
+    cache_dir.mkdir()
+    lock = cache_dir / "k.lock"
+    target = tmp_path / "precious"
+    if kind == "symlink":
+        target.write_text("keep me")
+        lock.symlink_to(target)
+    elif kind == "dangling":
+        lock.symlink_to(target)
+    else:
+        os.mkfifo(lock)
+
+    def locked():
+        with CubinCache().lock("k"):
+            return "ran"
+
+    assert _in_thread(locked) == "ran"
+    assert lock.is_file() and not lock.is_symlink()
+    assert (target.read_text() == "keep me") if kind == "symlink" else not target.exists()
+
+
+def test_read_regular_refuses_more_than_the_limit(tmp_path):
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 11)
+    assert read_regular(p, 10) is None and read_regular(p, 11) == b"x" * 11

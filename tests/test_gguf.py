@@ -11,8 +11,9 @@ import pytest
 
 pytest.importorskip("gguf")  # a runtime dependency; absent only on bare GPU images
 import torch
-from gguf import GGML_QUANT_SIZES, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter
 from gguf import GGMLQuantizationType as Q
+from gguf.gguf_writer import GGUFValue
 from gguf.quants import quantize
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -262,21 +263,9 @@ def _tensor(w, qtype, rng):
     return random_blocks(qtype, rows * cols // 256, rng).reshape(rows, -1), qtype
 
 
-def write_gguf(path, arch="llama", pre="llama-bpe", types=None, rope_freqs=None, add_bos=None, seed=0):
-    """A tiny random llama/qwen2 GGUF with the test vocabulary; types: per-tensor GGML types (default F32)."""
-    rng = np.random.default_rng(seed)
-    types = types or (LLAMA_TYPES if arch == "llama" else QWEN2_TYPES)
+def gpt2_vocab(w, pre="llama-bpe", add_bos=None) -> int:
+    """Write the test's byte-level BPE vocabulary into GGUF writer w; returns its size."""
     tokens, token_types = vocab()
-    w = GGUFWriter(str(path), arch)
-    w.add_block_count(LAYERS)
-    w.add_context_length(512)
-    w.add_embedding_length(H)
-    w.add_feed_forward_length(I)
-    w.add_head_count(NH)
-    w.add_head_count_kv(NKV)
-    w.add_rope_dimension_count(HD)
-    w.add_rope_freq_base(500000.0 if rope_freqs is not None else 10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
@@ -287,19 +276,55 @@ def write_gguf(path, arch="llama", pre="llama-bpe", types=None, rope_freqs=None,
     if add_bos is not None:
         w.add_add_bos_token(add_bos)
     w.add_chat_template(CHATML)
-    v = len(tokens)
+    return len(tokens)
+
+
+def write_gguf(path, arch="llama", pre="llama-bpe", types=None, rope_freqs=None, add_bos=None, seed=0,
+               vocab_writer=None, meta=None, head_dim=HD):
+    """A tiny random llama/qwen2/qwen3 GGUF with the test vocabulary; types: per-tensor GGML types (default F32).
+
+    vocab_writer(w) -> size writes another vocabulary; meta: metadata to set or replace {key: value or
+    (value, GGUFValueType)}, or to remove {key: None}."""
+    rng = np.random.default_rng(seed)
+    hd = head_dim
+    types = types or (QWEN2_TYPES if arch == "qwen2" else LLAMA_TYPES)
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(LAYERS)
+    w.add_context_length(512)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(I)
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_rope_dimension_count(hd)
+    if arch == "qwen3":
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    w.add_rope_freq_base(500000.0 if rope_freqs is not None else 10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    v = (vocab_writer or (lambda w: gpt2_vocab(w, pre, add_bos)))(w)
+    for key, value in (meta or {}).items():  # set, replace (with another type too) or, with None, remove
+        if value is None:
+            w.kv_data[0].pop(key, None)
+            continue
+        value, kind = value if isinstance(value, tuple) else (value, None)
+        kind = kind or {bool: GGUFValueType.BOOL, int: GGUFValueType.UINT32, float: GGUFValueType.FLOAT32,
+                        str: GGUFValueType.STRING, list: GGUFValueType.ARRAY}[type(value)]
+        sub = GGUFValueType.get_type(value[0]) if kind == GGUFValueType.ARRAY else None
+        w.kv_data[0][key] = GGUFValue(value, kind, sub)
     shapes = {"token_embd": (v, H), "output_norm": (H,)}
     if "output" in types:
         shapes["output"] = (v, H)
     for n in range(LAYERS):
         shapes.update({
             f"{n}.attn_norm": (H,), f"{n}.ffn_norm": (H,),
-            f"{n}.attn_q": (NH * HD, H), f"{n}.attn_k": (NKV * HD, H), f"{n}.attn_v": (NKV * HD, H),
-            f"{n}.attn_output": (H, NH * HD), f"{n}.ffn_gate": (I, H), f"{n}.ffn_up": (I, H), f"{n}.ffn_down": (H, I),
+            f"{n}.attn_q": (NH * hd, H), f"{n}.attn_k": (NKV * hd, H), f"{n}.attn_v": (NKV * hd, H),
+            f"{n}.attn_output": (H, NH * hd), f"{n}.ffn_gate": (I, H), f"{n}.ffn_up": (I, H), f"{n}.ffn_down": (H, I),
         })
         if arch == "qwen2":
-            shapes.update({f"{n}.attn_q.bias": (NH * HD,), f"{n}.attn_k.bias": (NKV * HD,)})
-            shapes[f"{n}.attn_v.bias"] = (NKV * HD,)
+            shapes.update({f"{n}.attn_q.bias": (NH * hd,), f"{n}.attn_k.bias": (NKV * hd,)})
+            shapes[f"{n}.attn_v.bias"] = (NKV * hd,)
+        if arch == "qwen3":
+            shapes.update({f"{n}.attn_q_norm": (hd,), f"{n}.attn_k_norm": (hd,)})
     for key, shape in shapes.items():
         name = f"blk.{key}" if key[0].isdigit() else key
         name = name if name.endswith(".bias") else name + ".weight"
@@ -345,7 +370,8 @@ def test_import_matches_transformers_gguf_loader(tmp_path, arch):
     path = write_gguf(tmp_path / f"{arch}.gguf", arch=arch, pre="qwen2" if arch == "qwen2" else "llama-bpe")
     out = import_gguf(path, tmp_path / "out", progress=False)
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        ".gdecode-import", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json",
     ]
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["tie_word_embeddings"] is (arch == "qwen2")
@@ -494,13 +520,13 @@ def test_unsupported_model(tmp_path, kwargs, needle):
 
 def test_existing_outdir_needs_force(good_gguf, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep").write_text("x")
+    assert gdecode("import-gguf", good_gguf, out, "--no-progress").returncode == 0
+    (out / "config.json").write_text("{}")  # an earlier import, edited: --force may replace it
     r = gdecode("import-gguf", good_gguf, out)
-    assert r.returncode != 0 and "--force" in r.stderr and (out / "keep").exists()
+    assert r.returncode != 0 and "--force" in r.stderr and (out / "config.json").read_text() == "{}"
     r = gdecode("import-gguf", good_gguf, out, "--force", "--no-progress")
     assert r.returncode == 0, r.stderr
-    assert not (out / "keep").exists() and (out / "model.safetensors").exists()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
@@ -514,3 +540,22 @@ def test_failure_while_writing_leaves_nothing(good_gguf, tmp_path, monkeypatch):
     with pytest.raises(GDecodeError, match="disk full"):
         gi.import_gguf(good_gguf, tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("eps, theta", [(1e-5, 10000.0), (1e-6, 1e6), (3.5e-6, 123456.0)])
+def test_config_fields_written(tmp_path, eps, theta):
+    # eps as the float32 the file holds, printed shortest; EOS, EOT and EOM all stop generation
+    meta = {"llama.attention.layer_norm_rms_epsilon": eps, "llama.rope.freq_base": theta,
+            "tokenizer.ggml.eot_token_id": 5, "tokenizer.ggml.eom_token_id": 6}
+    path = write_gguf(tmp_path / "m.gguf", types={"token_embd": Q.F32}, meta=meta)
+    out = import_gguf(path, tmp_path / "out", progress=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["rms_norm_eps"] == eps and cfg["rope_theta"] == theta
+    assert cfg["eos_token_id"] == [2, 5, 6] and cfg["bos_token_id"] == 1
+    assert json.loads((out / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": [2, 5, 6]}
+    c = ModelConfig.from_dir(out)
+    assert (c.rms_norm_eps, c.rope_theta, c.eos_token_ids) == (eps, theta, (2, 5, 6))
+    # and transformers' own reading of the file agrees on what it reads
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).config
+    assert hf.rms_norm_eps == pytest.approx(eps, rel=1e-6)
+    assert hf.rope_parameters["rope_theta"] == pytest.approx(theta)

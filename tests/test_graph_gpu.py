@@ -228,9 +228,23 @@ def test_dynamic_shared_memory_opt_in_and_one_off_launch(cp, stream, module, inp
 def test_host_cost_per_replay_and_launch(cp, stream, module, inputs, capsys):
     x, s = inputs
     chain = Chain(cp, module, x, s)
-    graph = capture(stream, chain.launches)
+    # a counter beside the chain: each replay or eager run adds exactly 1 to every element of c
+    with stream:
+        c, tmp = cp.zeros(N, cp.float32), cp.empty(N, cp.float32)
+    axpb = module.function("axpb", "PPffi")
+    launches = chain.launches + [axpb.prepare(GRID, BLOCK, [tmp, c, 1.0, 1.0, N]),
+                                 axpb.prepare(GRID, BLOCK, [c, tmp, 1.0, 0.0, N])]
+
+    def step():
+        for launch_ in launches:
+            launch_(stream)
+
+    graph = capture(stream, launches)
     batches, per_batch = 10, 100  # sync between batches so a full launch queue never blocks the host
+    n = batches * per_batch
     try:
+        assert len(graph.kernel_nodes()) == len(launches)
+        chain.poison(stream)
         replay_s = eager_s = 0.0
         t_all = time.perf_counter()
         for _ in range(batches):
@@ -239,17 +253,21 @@ def test_host_cost_per_replay_and_launch(cp, stream, module, inputs, capsys):
                 graph.replay(stream)
             replay_s += time.perf_counter() - t
             stream.synchronize()
-        gpu_replay = (time.perf_counter() - t_all) / (batches * per_batch)
+        gpu_replay = (time.perf_counter() - t_all) / n
+        assert bool((c == n).all()), "each replay runs the captured step exactly once"
+        check_reference(cp, stream, x, s, chain)
+        chain.poison(stream)
         for _ in range(batches):
             t = time.perf_counter()
             for _ in range(per_batch):
-                chain.run(stream)
+                step()
             eager_s += time.perf_counter() - t
             stream.synchronize()
+        assert bool((c == 2 * n).all())
+        check_reference(cp, stream, x, s, chain)
     finally:
         graph.destroy()
-    n = batches * per_batch
     with capsys.disabled():
-        print(f"\n  host per graph replay ({len(chain.launches)} kernels): {replay_s / n * 1e6:.2f} us;"
-              f" host per eager launch: {eager_s / (n * len(chain.launches)) * 1e6:.2f} us;"
+        print(f"\n  host per graph replay ({len(launches)} kernels): {replay_s / n * 1e6:.2f} us;"
+              f" host per eager launch: {eager_s / (n * len(launches)) * 1e6:.2f} us;"
               f" replay incl. GPU: {gpu_replay * 1e6:.2f} us")

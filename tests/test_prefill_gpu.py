@@ -1,13 +1,15 @@
-"""Batched prefill: KV cache and last-token logits against the numpy reference, and prefill + decode
-against feeding the prompt one token at a time through the captured decode step.
+"""Batched prefill: KV cache and last-token logits against a bf16 emulation of the prefill, and
+prefill + decode against feeding the prompt one token at a time through the captured decode step.
 
 Tolerances: prefill rounds the GEMM inputs (normed activations, attention output, SiLU gate), the
-scaled queries and the softmax weights to bf16 on top of the bf16 KV cache. A numpy emulation of
-exactly those roundings on these tiny models moves each layer's K/V by up to 1e-2 (relative L2) and
-the logits by up to 1.8e-2 from the float32 reference, so the checks are 3e-2 (KV) and 5e-2 (logits,
-as for the decode step). The same size of error can swap two nearly tied greedy picks, so a token
-sequence may leave the step-by-step one only where that run's own top two logits are within
-TIE of each other (in units of the logits' standard deviation); the comparison ends there.
+scaled queries and the softmax weights to bf16 on top of the bf16 KV cache, which moves K/V by up
+to 1e-2 and logits by up to 1.8e-2 from the float32 reference: too much room, since a 2% error in
+the softmax scale or eps x 10 moves them by about as much. So the device is compared with
+tests/bf16_prefill.py, which makes exactly those roundings, at tolerances that only leave room for
+float32 summation order (tests/test_bf16_prefill.py checks them on the CPU). The same size of error
+can swap two nearly tied greedy picks, so a token sequence may leave the step-by-step one only
+where that run's own top two logits are within TIE of each other (in units of the logits' standard
+deviation); the comparison ends there.
 """
 
 import zlib
@@ -18,9 +20,9 @@ import pytest
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
-from engine.reference import ReferenceModel
 from engine.weights import load_weights
-from tests.test_decode_gpu import bf16_weights
+from tests.bf16_prefill import FIRST_KV_TOL, KV_TOL, LOGIT_TOL, errors, prefill_bf16, within
+from tests.test_decode_gpu import bf16_weights, reference
 from tests.tiny import make_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -36,7 +38,8 @@ MODELS = {
 LENGTHS = [1, 7, 511, 512, 513, 1500]
 CTX = 1600
 STEPS = 32
-KV_TOL, LOGIT_TOL, TIE = 3e-2, 5e-2, 0.1
+# prefill + decode against the step-by-step decode: prefill rounds more than the decode step (see above)
+STEPWISE_KV_TOL, STEPWISE_LOGIT_TOL, TIE = 3e-2, 5e-2, 0.1
 POISON = 0xFFFF  # bf16 NaN
 
 
@@ -99,20 +102,22 @@ def worst_layer(got, want):
     return max(rel(got[i], want[i]) for i in range(got.shape[0]))
 
 
+def report(what, errs):
+    print(f"{what}: first K/V {errs[0]:.2e} (tol {FIRST_KV_TOL}), later K/V {errs[1]:.2e} (tol {KV_TOL}), "
+          f"logits {errs[2]:.2e} (tol {LOGIT_TOL})")
+
+
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("name", list(MODELS))
-def test_prefill_matches_reference(model, name, n):
+def test_prefill_matches_bf16_emulation(model, name, n):
     cfg, w, be, pf = model(name)
     ids = fresh_ids(cfg, name, n)
     poison(be, pf)
     got = pf.run(ids, logits=True).get(stream=be.stream)
-    ref = ReferenceModel(cfg, w, CTX)
-    want = ref.prefill(ids)
     k, v = cache(be)
-    ek, ev = worst_layer(f32(k[:, :, :n]), ref.k[:, :, :n]), worst_layer(f32(v[:, :, :n]), ref.v[:, :, :n])
-    el = rel(got, want)
-    print(f"{name} n={n}: K {ek:.2e} V {ev:.2e} logits {el:.2e}")
-    assert ek < KV_TOL and ev < KV_TOL and el < LOGIT_TOL
+    errs = errors(f32(k[:, :, :n]), f32(v[:, :, :n]), got, prefill_bf16(cfg, w, ids))
+    report(f"{name} n={n}", errs)
+    assert within(errs)
     assert (k[:, :, n:] == POISON).all() and (v[:, :, n:] == POISON).all()
     assert be.bufs.guards_intact()
 
@@ -125,14 +130,23 @@ def test_prefill_in_pieces_continues_the_cache(model, name):
     pf.run(ids[:300])
     pf.run(ids[300:301], start=300)
     got = pf.run(ids[301:], start=301, logits=True).get(stream=be.stream)
-    ref = ReferenceModel(cfg, w, CTX)
-    want = ref.prefill(ids)
     k, v = cache(be)
     n = len(ids)
-    assert worst_layer(f32(k[:, :, :n]), ref.k[:, :, :n]) < KV_TOL
-    assert worst_layer(f32(v[:, :, :n]), ref.v[:, :, :n]) < KV_TOL
-    assert rel(got, want) < LOGIT_TOL
+    errs = errors(f32(k[:, :, :n]), f32(v[:, :, :n]), got, prefill_bf16(cfg, w, ids))
+    report(f"{name} in pieces", errs)
+    assert within(errs)
     assert (k[:, :, n:] == POISON).all()
+
+
+def first_step_logits(cfg, w, ids):
+    """Logits of a decode step for ids[-1] over the emulated prefill cache of ids[:-1]."""
+    ref = reference(cfg, w, CTX, 32, bf16_kv=True)
+    if len(ids) > 1:
+        want = prefill_bf16(cfg, w, ids[:-1])
+        ref.k[:, :, : len(ids) - 1] = want.k
+        ref.v[:, :, : len(ids) - 1] = want.v
+        ref.pos = len(ids) - 1
+    return ref.decode(ids[-1])
 
 
 def decode_steps(be, first_pos, steps):
@@ -177,9 +191,10 @@ def test_prefill_then_decode_matches_stepwise(model, name, n):
     ek = worst_layer(f32(k[:, :, :end]), f32(want_k[:, :, :end]))
     ev = worst_layer(f32(v[:, :, :end]), f32(want_v[:, :, :end]))
     print(f"{name} n={n}: {same} equal tokens, logits {worst:.2e}, K {ek:.2e} V {ev:.2e}")
-    assert worst < LOGIT_TOL and ek < KV_TOL and ev < KV_TOL
-    ref = ReferenceModel(cfg, w, CTX)
-    assert rel(logits[0], ref.prefill(ids)) < LOGIT_TOL
+    assert worst < STEPWISE_LOGIT_TOL and ek < STEPWISE_KV_TOL and ev < STEPWISE_KV_TOL
+    first = rel(logits[0], first_step_logits(cfg, w, ids))
+    print(f"{name} n={n}: first step after prefill {first:.2e} (tol {LOGIT_TOL})")
+    assert first < LOGIT_TOL
     assert be.bufs.guards_intact()
 
 

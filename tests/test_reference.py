@@ -14,6 +14,7 @@ from engine.reference import (
     split_kv_attention,
     split_kv_partials,
 )
+from engine.shapes import SHAPES
 from kernels.numerics import rope_tables
 
 
@@ -146,12 +147,58 @@ def test_rope_llama3_scaling_changes_low_frequencies_only():
 
 
 def test_rms_norm():
+    # rows from far below to far above sqrt(eps): eps is visible in the small ones (dropping it or
+    # scaling it by 10 moves them by 2-50%), the big ones check the norm itself
+    eps = 1e-5
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((3, 5, 64)).astype(np.float32) * 7
+    scales = np.array([0.0, 3e-4, 1e-3, 3e-3, 1e-2, 1.0, 7.0], np.float32)[:, None, None]
+    x = (rng.standard_normal((7, 5, 64)) * scales).astype(np.float32)
     w = rng.uniform(0.5, 1.5, 64).astype(np.float32)
     x64 = x.astype(np.float64)
-    ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5) * w
-    y = rms_norm(x, w, 1e-5)
+    ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + eps) * w
+    y = rms_norm(x, w, eps)
     assert y.dtype == np.float32 and y.shape == x.shape
-    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(rms_norm(np.zeros((2, 64), np.float32), w, 1e-5), 0)
+    np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-7)
+    assert (y[0] == 0).all()
+    # the tolerance sees eps
+    for wrong in (0.0, 10 * eps, 1.01 * eps):
+        bad = x64[1:] / np.sqrt((x64[1:] ** 2).mean(-1, keepdims=True) + wrong) * w
+        assert not np.allclose(bad, ref[1:], rtol=2e-6, atol=1e-7)
+
+
+def plain_inv_freq(cfg):
+    """RoPE inverse frequencies in float64, one at a time, with the llama3 rule written out."""
+    out = []
+    for i in range(0, cfg.head_dim, 2):
+        f = 1.0 / cfg.rope_theta ** (i / cfg.head_dim)
+        s = cfg.rope_scaling
+        if s is not None:
+            wavelen = 2 * math.pi / f
+            if wavelen > s.original_max_position_embeddings / s.low_freq_factor:
+                f = f / s.factor
+            elif wavelen >= s.original_max_position_embeddings / s.high_freq_factor:
+                smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+                    s.high_freq_factor - s.low_freq_factor)
+                f = (1 - smooth) * f / s.factor + smooth * f
+        out.append(f)
+    return np.array(out)
+
+
+LONG = [0, 1, 4095, 8191, 8192, 32767, 32768, 65537, 131071]
+ROPE_ATOL = 1e-7  # float32 rounding of cos/sin is at most 3e-8
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "llama3.2-1b", "qwen2.5-7b", "smollm2-135m"])
+def test_rope_tables_at_long_positions(name):
+    c = SHAPES[name]
+    inv = plain_inv_freq(c)
+    np.testing.assert_allclose(c.inv_freq(), inv, rtol=1e-13, atol=0)
+    cos, sin = rope_tables(c.inv_freq(), 131072)
+    assert cos.dtype == sin.dtype == np.float32 and cos.shape == sin.shape == (131072, c.head_dim // 2)
+    pos = np.array(LONG, np.float64)[:, None]
+    np.testing.assert_allclose(cos[LONG], np.cos(pos * inv), rtol=0, atol=ROPE_ATOL)
+    np.testing.assert_allclose(sin[LONG], np.sin(pos * inv), rtol=0, atol=ROPE_ATOL)
+    # an angle formed in float32 is off by far more than the tolerance from 8K positions on
+    naive = np.cos(pos.astype(np.float32) * inv.astype(np.float32))
+    assert np.abs(naive - np.cos(pos * inv))[3:].max(axis=1).min() > 100 * ROPE_ATOL
+

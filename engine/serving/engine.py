@@ -80,6 +80,7 @@ class ServingEngine:
         with self._lock:
             self._closed = True
         for seq in self.running:
+            seq.note = "stopped by shutdown"
             self._end(seq, "abort")
         self.running.clear()
         for req in self.scheduler.drain():
@@ -94,12 +95,17 @@ class ServingEngine:
             self._admit(req)
         for seq in list(self.running):
             if seq.req.cancelled or self._stopping:
+                seq.note = "cancelled" if seq.req.cancelled else "stopped by shutdown"
                 self._end(seq, "abort")
                 continue
             try:
                 seq.step()
             except StopIteration:
                 seq.finish("length")
+            except GDecodeError as e:  # e.g. non-finite logits: the request fails, the engine goes on
+                log.warning("request %d failed: %s", seq.req.id, e)
+                self._fail(seq, e)
+                continue
             except Exception as e:
                 log.exception("request %d failed", seq.req.id)
                 self._fail(seq, e)
@@ -131,12 +137,11 @@ class ServingEngine:
             seq.tokens.close()
         finally:
             self.running.remove(seq)
-            seq.req.emit(Failed("internal", f"{type(e).__name__}: {e}"))
+            seq.req.emit(Failed("internal", str(e) if isinstance(e, GDecodeError) else f"{type(e).__name__}: {e}"))
 
     def _retire(self, seq: Sequence) -> None:
         self.running.remove(seq)
         u = seq.usage()
         rate = (u.completion_tokens - 1) / u.seconds if u.completion_tokens > 1 and u.seconds > 0 else 0.0
-        reason = "cancelled" if seq.req.cancelled else seq.reason
         log.info("request %d %s: prompt %d tokens (%d cached), %d generated, ttft %.1f ms, %.1f tok/s",
-                 seq.req.id, reason, u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.ttft * 1e3, rate)
+                 seq.req.id, seq.note, u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.ttft * 1e3, rate)

@@ -37,15 +37,16 @@ class Sequence:
             params = replace(params, seed=secrets.randbits(63))
         self.req, self.llm = req, llm
         self.budget = min(params.max_new_tokens, llm.max_context - len(req.prompt))
-        self.decoder = StreamDecoder(llm.tokenizer)
+        self.decoder = StreamDecoder(llm.tokenizer, context=req.prompt)
         self.stops = StopMatcher(params.stop)
         self.eos = frozenset() if req.ignore_eos else frozenset(llm.tokenizer.eos_ids)
+        self.want_logprobs = getattr(params, "logprobs", None) is not None
         self.tokens = llm.backend.generate(req.prompt, params, self.budget, reuse=req.reuse)
         self.generated = 0
         self.cached = 0
         self.t_first = self.t_last = 0.0
         self.done = False
-        self.reason = ""
+        self.note = ""  # how it ended, for the log
 
     def step(self) -> None:
         """Run one token and emit it; emit Finished (and set done) when the request ends."""
@@ -58,7 +59,8 @@ class Sequence:
         if token in self.eos:
             return self.finish("stop")
         text, hit = self.stops.push(self.decoder.push(token))
-        self.req.emit(Delta(text, token))
+        lp = getattr(self.llm.backend, "token_logprobs", None) if self.want_logprobs else None
+        self.req.emit(Delta(text, token, lp))
         if hit:
             return self.finish("stop", flush=False)
         if self.generated >= self.budget:
@@ -68,7 +70,8 @@ class Sequence:
         """End the request (reason: stop | length | abort), emitting any text still held back."""
         if self.done:
             return
-        self.done, self.reason = True, reason
+        self.done = True
+        self.note = self.note or reason
         self.tokens.close()
         if flush:
             text, _ = self.stops.push(self.decoder.flush(), final=True)

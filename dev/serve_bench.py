@@ -1,0 +1,178 @@
+"""Streamed tok/s and time to first token through `gdecode serve` against the same model without HTTP.
+
+    PYTHONPATH=. python dev/serve_bench.py --model models/smollm2-135m-instruct
+    PYTHONPATH=. python dev/serve_bench.py --shape llama3-8b    # random weights, SmolLM2's tokenizer
+
+A server process is started on a free loopback port. Inside it, before it serves, the baseline is
+measured the way `gdecode generate` measures itself (the backend's token stream, detokenized, first
+token to last; time to first token from the start of the request), greedy, EOS ignored. Then the
+official `openai` client streams the same prompt (prefix reuse off, so both prefill the same
+tokens): tok/s from the first content chunk to the last, time to first content chunk from the
+call. Last, a 10-turn chat with prefix reuse on shows the last turn's time to first token beside
+the first's. Targets: streamed tok/s >= 95% of the baseline, time to first token <= baseline + 2 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle. " * 2
+
+
+def load(args):
+    from engine.llm import LLM
+
+    if args.shape is None:
+        return LLM(args.model, backend=args.backend, max_context=args.max_context)
+    from engine.backend_cuda import CudaBackend
+    from engine.llm import GenerationStats
+    from engine.shapes import SHAPES
+    from engine.tokenizer import Tokenizer
+
+    class RandomLLM(LLM):
+        def __init__(self):  # random weights made on the device; the tokenizer only turns ids into text
+            self.cfg = SHAPES[args.shape]
+            self.tokenizer = Tokenizer.from_dir(args.model)
+            self.backend = CudaBackend(self.cfg, None, max_context=args.max_context)
+            self.stats = GenerationStats()
+
+    return RandomLLM()
+
+
+def baseline(llm, ids, tokens: int, repeats: int) -> dict:
+    """tok/s and ttft of the backend's stream, detokenized, as `gdecode generate` counts them."""
+    from engine.sampling import SamplingParams
+    from engine.tokenizer import StreamDecoder
+
+    rates, ttfts = [], []
+    for _ in range(repeats + 1):  # the first run warms up
+        t0 = time.perf_counter()
+        dec = StreamDecoder(llm.tokenizer)
+        stream = llm.backend.generate(ids, SamplingParams(temperature=0.0, max_new_tokens=tokens), tokens)
+        t_first = None
+        for tok in stream:
+            dec.push(tok)
+            if t_first is None:
+                t_first = time.perf_counter()
+        t_last = time.perf_counter()
+        rates.append((tokens - 1) / (t_last - t_first))
+        ttfts.append(t_first - t0)
+    return {"tok_s": statistics.median(rates[1:]), "ttft_ms": 1e3 * statistics.median(ttfts[1:])}
+
+
+def serve(args):
+    import logging
+
+    from cli.serve import run_server
+    from engine.serving import ServingEngine
+
+    logging.basicConfig(level=logging.WARNING)
+
+    def load_and_measure():
+        llm = load(args)
+        ids = llm.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
+        Path(args.baseline_out).write_text(json.dumps({**baseline(llm, ids, args.tokens, args.repeats),
+                                                       "prompt_tokens": len(ids)}))
+        return llm
+
+    run_server(ServingEngine(load_and_measure), "bench", "127.0.0.1", args.port)
+
+
+def streamed(client, messages, tokens: int, cache: bool) -> dict:
+    t0 = time.perf_counter()
+    stream = client.chat.completions.create(model="bench", messages=messages, max_tokens=tokens, temperature=0.0,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True, "cache_prompt": cache})
+    t_first = t_last = None
+    text = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            t_last = time.perf_counter()
+            t_first = t_first or t_last
+            text.append(chunk.choices[0].delta.content)
+        if chunk.usage:
+            usage = chunk.usage
+    n = usage.completion_tokens
+    return {"tok_s": (n - 1) / (t_last - t_first), "ttft_ms": 1e3 * (t_first - t0), "tokens": n,
+            "cached": usage.prompt_tokens_details.cached_tokens, "text": "".join(text)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ROOT / "models" / "smollm2-135m-instruct"))
+    ap.add_argument("--shape", default=None, help="random weights of this shape (engine/shapes.py)")
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--max-context", type=int, default=8192)
+    ap.add_argument("--backend", default="cuda", help="cuda | numpy (numpy: a dry run of the script)")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--baseline-out", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        return serve(args)
+
+    import tempfile
+
+    from tests.serving import free_port
+
+    out = Path(tempfile.mkdtemp()) / "baseline.json"
+    port = free_port()
+    cmd = [sys.executable, __file__, "--serve", "--port", str(port), "--baseline-out", str(out), "--model", args.model,
+           "--tokens", str(args.tokens), "--repeats", str(args.repeats), "--max-context", str(args.max_context),
+           "--backend", args.backend]
+    if args.shape:
+        cmd += ["--shape", args.shape]
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    try:
+        import openai
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
+        deadline = time.monotonic() + 900
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("the server did not start") from None
+                time.sleep(0.5)
+        base = json.loads(out.read_text())
+        msgs = [{"role": "user", "content": PROMPT}]
+        runs = [streamed(client, msgs, args.tokens, cache=False) for _ in range(args.repeats + 1)][1:]
+        tok_s = statistics.median(r["tok_s"] for r in runs)
+        ttft = statistics.median(r["ttft_ms"] for r in runs)
+        print(f"model: {args.shape or args.model}; prompt {base['prompt_tokens']} tokens, {args.tokens} generated, "
+              f"median of {args.repeats}")
+        print(f"{'':24}{'tok/s':>10}{'ttft ms':>10}")
+        print(f"{'without HTTP':24}{base['tok_s']:>10.1f}{base['ttft_ms']:>10.2f}")
+        print(f"{'streamed (openai)':24}{tok_s:>10.1f}{ttft:>10.2f}")
+        ratio, extra = tok_s / base["tok_s"], ttft - base["ttft_ms"]
+        print(f"streamed/baseline tok/s {100 * ratio:.1f}% (target >= 95%): {'PASS' if ratio >= 0.95 else 'FAIL'}")
+        print(f"added time to first token {extra:+.2f} ms (target <= 2 ms): {'PASS' if extra <= 2.0 else 'FAIL'}")
+        history = [{"role": "system", "content": "You are a helpful assistant."}]
+        turns = []
+        for i in range(10):
+            history.append({"role": "user", "content": f"Turn {i}: tell me one more thing about lighthouses."})
+            r = streamed(client, history, 64, cache=True)
+            history.append({"role": "assistant", "content": r["text"]})
+            turns.append(r)
+        print("10-turn chat with prefix reuse, time to first token per turn (ms): "
+              + " ".join(f"{t['ttft_ms']:.1f}" for t in turns))
+        print("cached prompt tokens per turn: " + " ".join(str(t["cached"]) for t in turns))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""The host sampler (engine/sampling.py) against a plain sort-based reference: the kept sets, the token
+distribution, penalties, ties at the top-p boundary, temperature before the filters, NaN, logprobs."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from engine.errors import NonFiniteLogits
+from engine.sampling import (
+    MASS_FLOOR,
+    Sampler,
+    SamplingParams,
+    exp_f32,
+    float_keys,
+    gumbel_scores,
+    log_f32,
+    mass_q,
+    penalize,
+    records,
+    sample,
+    token_logprobs,
+)
+
+Z_1E4 = 3.719  # the standard normal's 1 - 1e-4 quantile
+
+
+def chi2_limit(df: int) -> float:
+    """The chi-square quantile at 1 - 1e-4 (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + Z_1E4 * math.sqrt(2 / (9 * df))) ** 3
+
+
+def reference_probs(logits, params: SamplingParams, window=None, counts=None) -> np.ndarray:
+    """The sampling distribution by sorting, in float64: penalties, then z = l / T, then keep token i when
+    fewer than top_k tokens are larger, the mass of the larger ones is below top_p, and p_i >= min_p * p_max."""
+    lg = np.asarray(logits, np.float64).copy()
+    if params.penalizes_repeats and window is not None:
+        for t in set(window):
+            lg[t] = lg[t] / params.repeat_penalty if lg[t] > 0 else lg[t] * params.repeat_penalty
+    if params.penalizes_counts and counts is not None:
+        c = np.asarray(counts, np.float64)
+        lg -= params.presence_penalty * (c > 0) + params.frequency_penalty * c
+    z = lg / params.temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-z, kind="stable")
+    zs, ps = z[order], p[order]
+    before = np.cumsum(ps) - ps  # mass ahead in the sorted order
+    start = np.searchsorted(-zs, -zs, side="left")  # where each tie group begins: fewer are larger
+    ok = (start < params.top_k) if params.top_k else np.ones(z.size, bool)
+    if params.top_p < 1:
+        ok &= before[start] < params.top_p
+    ok &= ps >= params.min_p * ps[0]
+    keep = np.zeros(z.size, bool)
+    keep[order] = ok
+    q = np.where(keep, p, 0.0)
+    return q / q.sum()
+
+
+def draws(logits, params, n, seed=1234, **kw) -> np.ndarray:
+    return np.bincount([sample(logits, params, s, seed, **kw) for s in range(n)], minlength=len(logits))
+
+
+def assert_follows(counts, probs):
+    kept = probs > 0
+    assert counts[~kept].sum() == 0, f"filtered tokens drawn: {np.flatnonzero(counts * ~kept)}"
+    n = counts.sum()
+    e = n * probs[kept]
+    chi2 = ((counts[kept] - e) ** 2 / e).sum()
+    assert chi2 < chi2_limit(max(1, kept.sum() - 1)), (counts[kept], e)
+
+
+def rand_logits(seed, v=24, scale=2.0):
+    return (np.random.default_rng(seed).standard_normal(v) * scale).astype(np.float32)
+
+
+CONFIGS = {
+    "defaults": dict(temperature=0.8, top_k=10, top_p=0.9),
+    "top-p": dict(temperature=1.0, top_k=0, top_p=0.7),
+    "top-k": dict(temperature=1.3, top_k=6, top_p=1.0),
+    "min-p": dict(temperature=0.9, top_k=0, top_p=1.0, min_p=0.08),
+    "none": dict(temperature=0.7, top_k=0, top_p=1.0),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_distribution_matches_the_sorting_reference(name):
+    params = SamplingParams(**CONFIGS[name])
+    z = rand_logits(7)
+    probs = reference_probs(z, params)
+    assert 2 < (probs > 0).sum() < z.size or name == "none"
+    assert_follows(draws(z, params, 2500), probs)
+
+
+def test_distribution_with_penalties():
+    params = SamplingParams(temperature=0.9, top_k=0, top_p=0.95, repeat_penalty=1.5, presence_penalty=0.4,
+                            frequency_penalty=0.3)
+    z = rand_logits(8)
+    window = [int(np.argmax(z)), 3, 5, 5]
+    counts = np.zeros(z.size, np.int32)
+    counts[[int(np.argmax(z)), 9]] = [2, 1]
+    probs = reference_probs(z, params, window, counts)
+    assert probs[np.argmax(z)] < reference_probs(z, SamplingParams(temperature=0.9, top_k=0, top_p=0.95))[np.argmax(z)]
+    assert_follows(draws(z, params, 3000, window=window, counts=counts), probs)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("name", ["defaults", "top-p", "top-k", "min-p"])
+def test_kept_sets_are_exact(name, seed):
+    # at a high temperature every kept token is likely enough to show up within 1200 draws
+    params = SamplingParams(**{**CONFIGS[name], "temperature": 2.5})
+    z = rand_logits(100 + seed, v=16, scale=3.0)
+    probs = reference_probs(z, params)
+    seen = draws(z, params, 1200, seed=seed) > 0
+    np.testing.assert_array_equal(seen, probs > 0)
+
+
+def test_top_p_boundary_when_the_kept_mass_equals_top_p():
+    # masses 2^40, 2^39, 2^39 exactly: the first token alone holds top_p = 1/2 of the total, so the tie
+    # group below it is left out; just above 1/2 the whole tie group is kept, not a prefix of it
+    near = (np.float32(-np.log(2)).view(np.int32) + np.arange(-64, 65, dtype=np.int32)).view(np.float32)
+    x = near[exp_f32(near) == np.float32(0.5)][0]
+    z = np.array([-40.0, 0.0, x, x], np.float32)  # token 0 has no mass: exp(-40) * 2^40 < 1
+    assert list(mass_q(z)) == [0, 2**40, 2**39, 2**39]
+    half = SamplingParams(temperature=1.0, top_k=0, top_p=0.5)
+    assert set(np.flatnonzero(draws(z, half, 300))) == {1}
+    more = SamplingParams(temperature=1.0, top_k=0, top_p=float(np.nextafter(np.float32(0.5), np.float32(1))))
+    assert set(np.flatnonzero(draws(z, more, 300))) == {1, 2, 3}
+
+
+def test_top_k_keeps_the_whole_tie_group():
+    z = np.array([1.0, 3.0, 2.0, 2.0, 2.0, 0.0], np.float32)
+    params = SamplingParams(temperature=2.0, top_k=2, top_p=1.0)
+    assert set(np.flatnonzero(draws(z, params, 600))) == {1, 2, 3, 4}
+
+
+def test_filters_act_on_tempered_logits():
+    # at T = 0.5, z = 4, 2, 0, -2: the two largest hold 98% (> top_p), so token 2 is out; on the raw
+    # logits (p = .64, .24, .09, .03) top-p 0.9 would keep it. min-p 0.1 likewise keeps 1 only when tempered.
+    lg = np.array([2.0, 1.0, 0.0, -1.0], np.float32)
+    top_p = SamplingParams(temperature=0.5, top_k=0, top_p=0.9)
+    assert set(np.flatnonzero(draws(lg, top_p, 1000))) == {0, 1}
+    min_p = SamplingParams(temperature=0.5, top_k=0, top_p=1.0, min_p=0.1)
+    assert set(np.flatnonzero(draws(lg, min_p, 1000))) == {0, 1}
+    hot = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.1)
+    assert set(np.flatnonzero(draws(lg, hot, 1000))) == {0, 1, 2}
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    for step in range(40):
+        z = rand_logits(step, v=50, scale=3.0)
+        best = int(np.argmax(z))
+        assert sample(z, SamplingParams(temperature=1.5, top_k=1, top_p=1.0), step, 3) == best
+        assert sample(z, SamplingParams(temperature=1.5, top_k=0, top_p=1e-6), step, 3) == best
+        assert sample(z, SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=1.0), step, 3) == best
+
+
+def test_greedy_picks_the_largest_lowest_index_first():
+    z = np.array([1.0, 5.0, 2.0, 5.0], np.float32)
+    assert sample(z, SamplingParams(temperature=0), 0, 0) == 1
+    big = np.array([-3.0, 1e30, 2e30, -1.0, 2e30], np.float32)
+    for t in (0.0, 1e-38, 1e-6):  # 1/T would overflow every z to inf: treated as greedy
+        assert sample(big, SamplingParams(temperature=t), 0, 0) == 2
+
+
+def test_same_seed_same_tokens_and_seed_matters():
+    rows = [rand_logits(s, v=40) for s in range(64)]
+    p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    a = [sample(r, p, i, 7) for i, r in enumerate(rows)]
+    assert a == [sample(r, p, i, 7) for i, r in enumerate(rows)]
+    assert a != [sample(r, p, i, 8) for i, r in enumerate(rows)]
+    assert a != [sample(r, p, i + 1, 7) for i, r in enumerate(rows)]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_non_finite_logits_are_reported(bad, temperature):
+    z = rand_logits(3, v=30)
+    z[17] = bad
+    with pytest.raises(NonFiniteLogits, match="step 5 on the numpy backend hold 1 non-finite") as e:
+        sample(z, SamplingParams(temperature=temperature), 5, 1)
+    assert (e.value.step, e.value.backend) == (5, "numpy")
+
+
+def test_penalties_hand_worked():
+    lg = np.array([2.0, -1.0, 0.5, 3.0, -2.0], np.float32)
+    p = SamplingParams(repeat_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    counts = np.array([0, 0, 2, 1, 0], np.int32)
+    # 0: 2 / 2; 1: -1 * 2; 2: 0.5 - (0.5 + 0.25 * 2); 3: 3 - (0.5 + 0.25); 4: untouched
+    np.testing.assert_array_equal(penalize(lg, p, [0, 1, 1], counts), [1.0, -2.0, -0.5, 2.25, -2.0])
+    np.testing.assert_array_equal(penalize(lg, SamplingParams(), [0, 1], counts), lg)
+    off = SamplingParams(repeat_penalty=2.0, repeat_last_n=0)
+    np.testing.assert_array_equal(penalize(lg, off, [0, 1], None), lg)
+    assert sample(np.array([3.0, 2.9], np.float32), SamplingParams(temperature=0, repeat_penalty=1.1), 0, 0,
+                  window=[0]) == 1
+
+
+def test_sampler_window_and_counts():
+    p = SamplingParams(temperature=0, repeat_penalty=2.0, repeat_last_n=2, frequency_penalty=1.0)
+    s = Sampler(p, 1, 8, [5, 6, 7])
+    assert s.window() == [6, 7]
+    assert Sampler(SamplingParams(repeat_last_n=-1), 1, 8, [5, 6, 7]).window() == [5, 6, 7]
+    assert Sampler(SamplingParams(repeat_last_n=0), 1, 8, [5, 6, 7]).window() == []
+    lg = np.array([0, 0, 0, 0, 0, 3.0, 2.5, 2.0], np.float32)
+    assert s(lg) == 5  # 6 and 7 are halved, 5 left the window
+    assert s.counts.tolist() == [0, 0, 0, 0, 0, 1, 0, 0] and s.step == 1 and s.context[-1] == 5
+    assert s.window() == [7, 5]
+    assert s(lg) == 6  # 5: 3 / 2 - 1 (its count); 6 left the window: 2.5
+
+
+def test_sampler_matches_sample_step_by_step():
+    p = SamplingParams(temperature=0.9, top_k=8, top_p=0.9, repeat_penalty=1.3, repeat_last_n=4,
+                       presence_penalty=0.2, frequency_penalty=0.1, logprobs=3)
+    rng = np.random.default_rng(5)
+    s = Sampler(p, 99, 20, [1, 2, 3])
+    ctx, counts = [1, 2, 3], np.zeros(20, np.int32)
+    for step in range(30):
+        lg = (rng.standard_normal(20) * 2).astype(np.float32)
+        want = sample(lg, p, step, 99, window=ctx[-4:], counts=counts)
+        assert s(lg) == want
+        assert s.logprobs == token_logprobs(lg, want, 3)
+        ctx.append(want)
+        counts[want] += 1
+
+
+def test_exp_and_log_f32_are_accurate():
+    x = np.linspace(float(MASS_FLOOR), 0, 100_001).astype(np.float32)
+    ref = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(exp_f32(x) - ref) / ref) < 2e-7
+    assert exp_f32(np.float32(0)) == 1
+    u = np.concatenate([np.random.default_rng(0).random(50_000), [2.0**-25, 1 - 2.0**-24, 17.3, 0.5, 2.0]])
+    u = u.astype(np.float32)
+    ref = np.log(u.astype(np.float64))
+    assert np.max(np.abs(log_f32(u) - ref) / np.maximum(np.abs(ref), 1e-30)) < 2e-7
+    assert log_f32(np.float32(1)) == 0
+
+
+def test_mass_q_is_a_floor_of_2_pow_40():
+    x = np.array([0.0, -1.0, -10.0, -27.9, -28.0, -28.5, -100.0], np.float32)
+    q = mass_q(x)
+    assert q.dtype == np.uint64
+    assert q[0] == 2**40 and q[-1] == q[-2] == 0
+    want = np.floor(exp_f32(x[:5]).astype(np.float64) * 2.0**40)
+    np.testing.assert_array_equal(q[:5].astype(np.float64), want)
+
+
+def test_float_keys_preserve_order():
+    v = np.array([-np.inf, -3.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, np.inf], np.float32)
+    k = float_keys(v)
+    assert (np.diff(k.astype(np.int64)) >= 0).all() and k[3] == k[4]
+    assert (np.diff(k.astype(np.int64))[[0, 1, 2, 4, 5, 6]] > 0).all()
+
+
+def brute_records(zk, rk):
+    out, low = [], 0
+    while True:
+        live = [j for j in range(len(zk)) if zk[j] > low]
+        if not live:
+            return out
+        j = max(live, key=lambda j: rk[j])
+        out.append(j)
+        low = zk[j]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_records_are_the_successive_round_winners(seed):
+    rng = np.random.default_rng(seed)
+    zk = rng.integers(1, 40, 300).astype(np.uint32)  # many ties in z
+    rk = rng.permutation(10**6)[:300].astype(np.uint64) + np.uint64(1)
+    assert records(zk, rk).tolist() == brute_records(zk.tolist(), rk.tolist())
+
+
+def test_gumbel_scores_are_z_minus_log_of_minus_log_u():
+    z = np.float32([0.0, 1.5, -2.0])
+    idx = np.array([3, 10, 99])
+    from engine.sampling import rng_uniform
+
+    u = rng_uniform(5, 2, idx).astype(np.float64)
+    np.testing.assert_allclose(gumbel_scores(z, idx, 5, 2), z - np.log(-np.log(u)), rtol=0, atol=3e-6)
+
+
+def test_token_logprobs():
+    lg = np.array([1.0, 3.0, 3.0, -2.0, 0.5], np.float32)
+    ref = lg.astype(np.float64) - np.log(np.exp(lg.astype(np.float64)).sum())
+    t = token_logprobs(lg, 4, 3)
+    assert t.token == 4 and abs(t.logprob - ref[4]) < 1e-6
+    assert [i for i, _ in t.top] == [1, 2, 0]
+    np.testing.assert_allclose([lp for _, lp in t.top], ref[[1, 2, 0]], atol=1e-6)
+    assert token_logprobs(lg, 0, 0).top == ()
+
+
+def _cuda_function(text: str, name: str) -> str:
+    start = text.index(f"float {name}(float x)")
+    return text[start : text.index("\n}\n", start)]
+
+
+def test_the_kernel_uses_the_same_constants():
+    # kernels/sample.cu repeats exp_f32, log_f32 and the cut-offs operation for operation
+    from pathlib import Path
+
+    from engine.sampling import CUT, EXP_POLY, LN2_HI, LN2_LO, LOG2E_F, LOG_POLY, MASS_BITS, SQRT2_F
+
+    text = (Path(__file__).resolve().parent.parent / "kernels" / "sample.cu").read_text()
+    hexes = r"(-?0x[0-9a-f.]+p[-+]?\d+)f"
+
+    def floats(body):
+        return [np.float32(float.fromhex(h)) for h in re.findall(hexes, body)]
+
+    assert floats(_cuda_function(text, "exp_f32")) == [LOG2E_F, LN2_HI, LN2_LO, *EXP_POLY]
+    assert floats(_cuda_function(text, "log_f32")) == [SQRT2_F, *LOG_POLY, LN2_LO, LN2_HI]
+    assert f"#define CUT {float(CUT)}f" in text
+    assert f"#define MASS_FLOOR ({float(MASS_FLOOR)}f)" in text
+    assert f"#define MASS_SCALE 0x1p{MASS_BITS}f" in text
