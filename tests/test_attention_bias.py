@@ -8,6 +8,7 @@ import torch
 import transformers as hf
 
 from engine.config import ModelConfig
+from engine.errors import GDecodeError
 from engine.weights import load_weights
 from tests.test_parity_hf import RTOL, hf_run, prompt, reference_run, rel_err
 from tests.tiny import _perturb
@@ -53,3 +54,12 @@ def test_no_o_proj_bias(tmp_path, arch, bias):
     cfg = ModelConfig.from_dir(d)
     assert not cfg.o_proj_bias
     assert all(layer.bo is None for layer in load_weights(d, cfg).layers)
+
+
+def test_cuda_backend_refuses_a_bias_it_does_not_apply(tmp_path):
+    pytest.importorskip("cupy")
+    from engine.backend_cuda import CudaBackend
+
+    d, _ = biased_model(tmp_path / "llama", "llama")
+    with pytest.raises(GDecodeError, match="o_proj"):
+        CudaBackend(ModelConfig.from_dir(d), None)

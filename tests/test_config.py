@@ -259,26 +259,21 @@ def test_sliding_window_caps_the_context(base, over, want):
     assert ModelConfig.from_dict({**base, **over}).max_position_embeddings == want
 
 
-@pytest.mark.parametrize("base", [LLAMA2_7B, MISTRAL_7B, QWEN3_06B, {**QWEN3_06B, "num_attention_heads": 64}],
-                         ids=["llama", "mistral", "qwen3-16", "qwen3-64"])
-def test_defaults_of_omitted_fields_are_transformers_defaults(base):
+@pytest.mark.parametrize("base", [LLAMA2_7B, LLAMA31_8B, MISTRAL_7B, QWEN25_05B, QWEN3_06B],
+                         ids=lambda d: d["architectures"][0])
+@pytest.mark.parametrize("missing", ["absent", "null"])
+def test_defaults_of_omitted_fields(base, missing):
+    # one KV head per head and eps 1e-6, as transformers' LlamaConfig (the others' eps default is the same)
     transformers = pytest.importorskip("transformers")
     d = {k: v for k, v in base.items() if k not in ("num_key_value_heads", "rms_norm_eps")}
-    conf_cls = {"Llama": transformers.LlamaConfig, "Mistral": transformers.MistralConfig,
-                "Qwen3": transformers.Qwen3Config}
-    hf = next(c for name, c in conf_cls.items() if d["architectures"][0].startswith(name))(
-        **{k: v for k, v in d.items() if k != "architectures"}
-    )
-    if base["num_attention_heads"] % hf.num_key_value_heads:
-        with pytest.raises(GDecodeError, match="multiple"):  # transformers builds a broken model here
-            ModelConfig.from_dict(d)
-        return
+    if missing == "null":
+        d.update(num_key_value_heads=None, rms_norm_eps=None)
+    hf = transformers.LlamaConfig(num_attention_heads=base["num_attention_heads"], hidden_size=base["hidden_size"])
+    arch_hf = {"Mistral": transformers.MistralConfig, "Qwen2": transformers.Qwen2Config,
+               "Qwen3": transformers.Qwen3Config}.get(base["architectures"][0][:-len("ForCausalLM")], type(hf))()
     c = ModelConfig.from_dict(d)
-    assert c.num_kv_heads == hf.num_key_value_heads
-    assert c.rms_norm_eps == hf.rms_norm_eps
-    if base is LLAMA2_7B:
-        null = ModelConfig.from_dict({**d, "num_key_value_heads": None, "rms_norm_eps": None})
-        assert (null.num_kv_heads, null.rms_norm_eps) == (c.num_heads, hf.rms_norm_eps)
+    assert c.num_kv_heads == hf.num_key_value_heads == base["num_attention_heads"] and c.group_size == 1
+    assert c.rms_norm_eps == hf.rms_norm_eps == arch_hf.rms_norm_eps
 
 
 def test_eps_and_theta_are_read_not_defaulted():
