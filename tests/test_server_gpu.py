@@ -141,6 +141,16 @@ def test_cuda_server_greedy_matches_generate(server, model):
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens - 1
 
 
+def test_cuda_server_logprobs(server):
+    r = chat(server.client(), [{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0.0,
+             logprobs=True, top_logprobs=5, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 8
+    for e in content:  # greedy: the chosen token is the most likely one
+        assert e.token == e.top_logprobs[0].token and e.logprob == pytest.approx(e.top_logprobs[0].logprob)
+        assert len(e.top_logprobs) == 5 and e.logprob <= 0
+
+
 def test_cuda_server_multi_turn_reuses_the_cache(server):
     c = server.client()
     history = [{"role": "system", "content": "You are a helpful assistant."}]
