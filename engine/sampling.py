@@ -202,7 +202,7 @@ def log_f32(x) -> np.ndarray:
     """log(x) for normal float32 x > 0, bit-identical to kernels/sample.cu's log_f32."""
     x = np.asarray(x, np.float32)
     bits = x.view(np.uint32)
-    e = (bits >> np.uint32(23)).astype(np.int32) - 127
+    e = (bits >> np.uint32(23)).view(np.int32) - 127
     f = ((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000)).view(np.float32)
     big = f > SQRT2_F
     f = np.where(big, f * np.float32(0.5), f)
@@ -220,10 +220,9 @@ def log_f32(x) -> np.ndarray:
 
 
 def mass_q(x) -> np.ndarray:
-    """Integer token masses floor(exp_f32(x) * 2^40) (uint64) of x = z - max z; 0 below MASS_FLOOR."""
-    x = np.asarray(x, np.float32)
-    e = exp_f32(np.maximum(x, MASS_FLOOR)) * np.float32(2.0**MASS_BITS)
-    return np.where(x < MASS_FLOOR, np.uint64(0), e.astype(np.uint64))
+    """Integer token masses floor(exp_f32(x) * 2^40) (uint64) of x = z - max z; 0 below MASS_FLOOR (where
+    the floor of exp(x) * 2^40 is 0 already, so exp_f32 is evaluated at the floor instead)."""
+    return (exp_f32(np.maximum(x, MASS_FLOOR)) * np.float32(2.0**MASS_BITS)).astype(np.uint64)
 
 
 def float_keys(x) -> np.ndarray:

@@ -241,6 +241,7 @@ def test_mass_q_is_a_floor_of_2_pow_40():
     q = mass_q(x)
     assert q.dtype == np.uint64
     assert q[0] == 2**40 and q[-1] == q[-2] == 0
+    assert mass_q(MASS_FLOOR) == 0 and mass_q(np.nextafter(MASS_FLOOR, F(0))) == 0 and mass_q(F(-27.7)) == 1
     want = np.floor(exp_f32(x[:5]).astype(np.float64) * 2.0**40)
     np.testing.assert_array_equal(q[:5].astype(np.float64), want)
 
@@ -433,3 +434,10 @@ def test_logprobs_top_ties_lowest_index_first():
 def test_sampler_state_starts_empty():
     s = Sampler(SamplingParams(), 1, 10, [1, 2])
     assert s.logprobs is None and s.counts.dtype == np.int32 and not s.counts.any() and s.step == 0
+
+
+def test_min_p_keeps_the_token_exactly_at_the_threshold():
+    # p_i = min_p * p_max exactly (z_i - max z = log(min_p) in float32) is kept, as llama.cpp keeps it
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.25)
+    z = np.array([0.0, params.min_p_log, np.nextafter(params.min_p_log, F(-2)), -50.0], F)
+    assert set(np.flatnonzero(draws(z, params, 400))) == {0, 1}
