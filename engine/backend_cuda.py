@@ -36,6 +36,9 @@ class CudaBackend:
         from graphs.prefill import Prefill
         from kernels.cuda import init, shared_stream
 
+        if cfg.o_proj_bias:  # never drop a bias: refuse until the decode step applies it
+            raise GDecodeError("this checkpoint puts a bias on o_proj (attention_bias), which the cuda backend "
+                               "does not apply yet: use --backend numpy")
         init()
         self.cfg = cfg
         self.stream = stream = shared_stream()

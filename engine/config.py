@@ -98,7 +98,8 @@ class ModelConfig:
             raise GDecodeError(f"{source}: mlp_bias is not supported")
         hidden = f.int("hidden_size")
         heads = f.int("num_attention_heads", hi=hidden)
-        kv_heads = f.int("num_key_value_heads", heads, hi=heads)
+        # absent: transformers' default for the architecture (Llama: one KV head per head)
+        kv_heads = f.int("num_key_value_heads", _KV_HEADS_DEFAULT.get(arch, heads), hi=heads)
         if heads % kv_heads:
             raise GDecodeError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
                                f"{kv_heads}")
@@ -179,6 +180,7 @@ class ModelConfig:
 
 
 _INT_LIMIT = 1 << 31  # no size or id of a supported model comes near this
+_KV_HEADS_DEFAULT = {"mistral": 8, "qwen2": 32, "qwen3": 32}  # the config classes' defaults in transformers
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 

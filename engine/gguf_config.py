@@ -148,7 +148,7 @@ def build_config(meta: dict, tensors: dict[str, ReaderTensor], source: str) -> d
 
     blocks = {int(b.group(1)) for b in map(_BLOCK.match, tensors) if b}
     layers = need("block_count", m.int(f"{arch}.block_count"))
-    if blocks != set(range(layers)):
+    if layers != len(blocks) or blocks != set(range(layers)):
         raise GDecodeError(f"{source}: {arch}.block_count is {layers}, but the file has tensors for "
                            f"{len(blocks)} blocks")
     hidden = need("embedding_length", m.int(f"{arch}.embedding_length"))

@@ -238,3 +238,49 @@ def test_inv_freq_matches_transformers():
     hf_cfg = transformers.LlamaConfig(**{k: v for k, v in LLAMA31_8B.items() if k != "architectures"})
     want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg, "cpu")
     np.testing.assert_allclose(ModelConfig.from_dict(LLAMA31_8B).inv_freq(), want.double().numpy(), rtol=1e-6)
+
+
+# ---- the sliding-window cap on the context, and the defaults of omitted fields ----
+
+
+@pytest.mark.parametrize(
+    "base, over, want",
+    [
+        (MISTRAL_7B, {"sliding_window": 4096}, 4096),  # Mistral 7B v0.1: attention past 4096 would differ
+        (MISTRAL_7B, {"sliding_window": None}, 32768),
+        (MISTRAL_7B, {"sliding_window": 65536}, 32768),  # a window past the context changes nothing
+        (QWEN25_05B, {"sliding_window": 4096, "use_sliding_window": False}, 32768),
+        (QWEN25_05B, {"sliding_window": 4096, "use_sliding_window": True}, 4096),
+        (QWEN3_06B, {"sliding_window": 2048, "use_sliding_window": True}, 2048),
+        (LLAMA2_7B, {"sliding_window": 1024}, 4096),  # Llama has no sliding window
+    ],
+)
+def test_sliding_window_caps_the_context(base, over, want):
+    assert ModelConfig.from_dict({**base, **over}).max_position_embeddings == want
+
+
+@pytest.mark.parametrize("base", [LLAMA2_7B, MISTRAL_7B, QWEN3_06B, {**QWEN3_06B, "num_attention_heads": 64}],
+                         ids=["llama", "mistral", "qwen3-16", "qwen3-64"])
+def test_defaults_of_omitted_fields_are_transformers_defaults(base):
+    transformers = pytest.importorskip("transformers")
+    d = {k: v for k, v in base.items() if k not in ("num_key_value_heads", "rms_norm_eps")}
+    conf_cls = {"Llama": transformers.LlamaConfig, "Mistral": transformers.MistralConfig,
+                "Qwen3": transformers.Qwen3Config}
+    hf = next(c for name, c in conf_cls.items() if d["architectures"][0].startswith(name))(
+        **{k: v for k, v in d.items() if k != "architectures"}
+    )
+    if base["num_attention_heads"] % hf.num_key_value_heads:
+        with pytest.raises(GDecodeError, match="multiple"):  # transformers builds a broken model here
+            ModelConfig.from_dict(d)
+        return
+    c = ModelConfig.from_dict(d)
+    assert c.num_kv_heads == hf.num_key_value_heads
+    assert c.rms_norm_eps == hf.rms_norm_eps
+    if base is LLAMA2_7B:
+        null = ModelConfig.from_dict({**d, "num_key_value_heads": None, "rms_norm_eps": None})
+        assert (null.num_kv_heads, null.rms_norm_eps) == (c.num_heads, hf.rms_norm_eps)
+
+
+def test_eps_and_theta_are_read_not_defaulted():
+    c = ModelConfig.from_dict({**LLAMA2_7B, "rms_norm_eps": 3e-5, "rope_theta": 123456.0})
+    assert (c.rms_norm_eps, c.rope_theta) == (3e-5, 123456.0)

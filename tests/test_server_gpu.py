@@ -35,6 +35,24 @@ def cuda_backend(request, tmp_path_factory):
     return CudaBackend(cfg, load_weights(d, cfg), max_context=512)
 
 
+def assert_same_or_near_tie(be, ids, warm, cold, params, tie=2e-2):
+    """warm (with reuse) equals cold (without), or first differs where the cold run's logits hold a near
+    tie: the reused K/V of earlier replies came from decode steps, the cold run's from the batched
+    prefill, and the two round to bf16 apart now and then."""
+    if warm == cold:
+        return
+    d = next(i for i, (a, b) in enumerate(zip(warm, cold, strict=False)) if a != b)
+    assert params.greedy, f"sampled tokens differ at {d} of {len(cold)}"
+    be.start(ids, params, 0, prefill=True)
+    for _ in range(d + 1):
+        be.replay()
+    logits = be.step_logits()
+    assert int(np.argmax(logits)) == cold[d]
+    gap = float(logits[cold[d]] - logits[warm[d]])
+    list(be.generate(ids, params, len(cold), reuse=False))  # the cache as the cold run left it
+    assert gap <= tie * max(1.0, float(np.abs(logits).max())), f"tokens differ at {d} with a logit gap of {gap}"
+
+
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_cuda_multi_turn_tokens_equal_without_reuse(cuda_backend, params):
     be = cuda_backend
@@ -54,9 +72,26 @@ def test_cuda_multi_turn_tokens_equal_without_reuse(cuda_backend, params):
         assert be.held == (ids + warm)[: len(be.held)]
         cold = list(be.generate(ids, params, n, reuse=False))
         assert be.reused == 0
-        assert warm == cold, f"turn {turn}"
+        assert_same_or_near_tie(be, ids, warm, cold, params)
         ids = ids + warm + fresh(int(rng.integers(1, 16)))
     assert be.bufs.guards_intact()
+
+
+def test_smollm2_multi_turn_reuse_equals_cold(model):
+    """The real model's chat turns with and without reuse: the same tokens, up to a near tie."""
+    from engine.llm import LLM
+
+    llm = LLM(model, backend="cuda", max_context=4096)
+    be, tok = llm.backend, llm.tokenizer
+    history = [{"role": "system", "content": "You are a helpful assistant."}]
+    for q in ["Name a fruit.", "What colour is it?", "Give me a recipe with it.", "How long does it take?"]:
+        history.append({"role": "user", "content": q})
+        ids = tok.encode_chat(history)
+        warm = list(be.generate(ids, GREEDY, 64, reuse=True))
+        assert len(history) == 2 or be.reused > len(ids) // 2
+        cold = list(be.generate(ids, GREEDY, 64, reuse=False))
+        assert_same_or_near_tie(be, ids, warm, cold, GREEDY)
+        history.append({"role": "assistant", "content": tok.decode(cold)})
 
 
 def test_cuda_early_close_keeps_what_ran(cuda_backend):
@@ -106,21 +141,16 @@ def test_cuda_server_greedy_matches_generate(server, model):
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens - 1
 
 
-def test_cuda_server_multi_turn_reuse_equals_cold(server):
+def test_cuda_server_multi_turn_reuses_the_cache(server):
     c = server.client()
     history = [{"role": "system", "content": "You are a helpful assistant."}]
     prev_prompt = 0
-    questions = ["Name a fruit.", "What colour is it?", "Give me a recipe with it.", "How long does it take?"]
-    for i, q in enumerate(questions):
+    for q in ["Name a fruit.", "What colour is it?", "Give me a recipe with it.", "How long does it take?"]:
         history.append({"role": "user", "content": q})
-        warm = chat(c, history, max_tokens=64, temperature=0.0)
-        cold = chat(c, history, max_tokens=64, temperature=0.0, extra_body={"cache_prompt": False})
-        assert warm.choices[0].message.content == cold.choices[0].message.content, f"turn {i}"
-        assert cold.usage.prompt_tokens_details.cached_tokens == 0
-        if i:  # the cold run left the same tokens in the cache as the warm one did
-            assert warm.usage.prompt_tokens_details.cached_tokens >= prev_prompt - 1
-        prev_prompt = warm.usage.prompt_tokens
-        history.append({"role": "assistant", "content": warm.choices[0].message.content})
+        r = chat(c, history, max_tokens=64, temperature=0.0)
+        assert r.usage.prompt_tokens_details.cached_tokens >= prev_prompt - 1
+        prev_prompt = r.usage.prompt_tokens
+        history.append({"role": "assistant", "content": r.choices[0].message.content})
 
 
 def test_cuda_server_concurrency_and_disconnect(server):

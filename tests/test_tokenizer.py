@@ -188,6 +188,7 @@ def test_bos_id_falls_back_to_config(tmp_path):
             "intermediate_size": 16,
             "num_hidden_layers": 1,
             "num_attention_heads": 2,
+            "num_key_value_heads": 2,
             "bos_token_id": 2,
         }
     )
