@@ -140,16 +140,15 @@ def rng_bits(seed: int, step: int, idx) -> np.ndarray:
     if not (0 <= seed < 2**64 and 0 <= step < 2**64):
         raise GDecodeError(f"seed and step must be in [0, 2^64), got {seed}, {step}")
     i = np.asarray(idx, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        s = np.array([seed], np.uint64) * np.uint64(SEED_MUL)
-        t = np.array([step], np.uint64) * np.uint64(STEP_MUL)
-        x = (s + t)[0] + i
-        x = x ^ (x >> np.uint64(30))
-        x = x * np.uint64(0xBF58476D1CE4E5B9)
-        x = x ^ (x >> np.uint64(27))
-        x = x * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return x
+    # uint64 array arithmetic wraps silently
+    s = np.array([seed], np.uint64) * np.uint64(SEED_MUL)
+    t = np.array([step], np.uint64) * np.uint64(STEP_MUL)
+    x = (s + t)[0] + i
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 def rng_uniform(seed: int, step: int, idx) -> np.ndarray:
@@ -203,7 +202,7 @@ def log_f32(x) -> np.ndarray:
     """log(x) for normal float32 x > 0, bit-identical to kernels/sample.cu's log_f32."""
     x = np.asarray(x, np.float32)
     bits = x.view(np.uint32)
-    e = (bits >> np.uint32(23)).astype(np.int32) - 127
+    e = (bits >> np.uint32(23)).view(np.int32) - 127
     f = ((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000)).view(np.float32)
     big = f > SQRT2_F
     f = np.where(big, f * np.float32(0.5), f)
@@ -221,35 +220,37 @@ def log_f32(x) -> np.ndarray:
 
 
 def mass_q(x) -> np.ndarray:
-    """Integer token masses floor(exp_f32(x) * 2^40) (uint64) of x = z - max z; 0 below MASS_FLOOR."""
-    x = np.asarray(x, np.float32)
-    low = x < MASS_FLOOR
-    e = exp_f32(np.where(low, np.float32(0), x)) * np.float32(2.0**MASS_BITS)
-    return np.where(low, np.uint64(0), e.astype(np.uint64))
+    """Integer token masses floor(exp_f32(x) * 2^40) (uint64) of x = z - max z; 0 below MASS_FLOOR (where
+    the floor of exp(x) * 2^40 is 0 already, so exp_f32 is evaluated at the floor instead)."""
+    return (exp_f32(np.maximum(x, MASS_FLOOR)) * np.float32(2.0**MASS_BITS)).astype(np.uint64)
 
 
 def float_keys(x) -> np.ndarray:
     """Order-preserving uint32 keys of float32 values (-0 and +0 share one), as key_of in the kernels."""
     u = (np.asarray(x, np.float32) + np.float32(0)).view(np.uint32)
-    return np.where(u >> np.uint32(31) != 0, ~u, u | np.uint32(0x80000000)).astype(np.uint32)
+    return np.where(u >> np.uint32(31) != 0, ~u, u | np.uint32(0x80000000))
 
 
 def gumbel_scores(z: np.ndarray, idx: np.ndarray, seed: int, step: int) -> np.ndarray:
     """s = z - log(-log(u)) with u = rng_uniform(seed, step, idx), in float32."""
-    u = rng_uniform(seed, step, idx)
-    return (z - log_f32(-log_f32(u))).astype(np.float32)
+    return z - log_f32(-log_f32(rng_uniform(seed, step, idx)))
+
+
+def score_keys(s: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """uint64 record keys: the larger score s wins, then the lower index (argmax_key in the kernels)."""
+    return (float_keys(s).astype(np.uint64) << np.uint64(32)) | (np.uint64(0xFFFFFFFF) - idx.astype(np.uint64))
 
 
 def records(zk: np.ndarray, rk: np.ndarray) -> np.ndarray:
     """Positions of the successive round winners: the largest rk, then the largest rk among strictly
     larger zk, and so on until nothing is larger (so zk ascends and rk descends)."""
     order = np.lexsort((rk, zk))[::-1]  # zk descending, then rk descending
-    zs = zk[order]
-    first = np.ones(order.size, bool)
-    first[1:] = zs[1:] != zs[:-1]
-    best, best_rk = order[first], rk[order[first]]  # each z value's best
-    before = np.maximum.accumulate(np.concatenate([np.zeros(1, np.uint64), best_rk[:-1]]))
-    return best[best_rk > before][::-1]
+    rs = rk[order]
+    # a record beats every rk ahead of it: those of larger zk, and (a tie group's first beats the
+    # rest of its group) those of equal zk
+    win = np.ones(order.size, bool)
+    win[1:] = rs[1:] > np.maximum.accumulate(rs)[:-1]
+    return order[win][::-1]
 
 
 def penalize(logits: np.ndarray, params: SamplingParams, window=None, counts=None) -> np.ndarray:
@@ -257,7 +258,7 @@ def penalize(logits: np.ndarray, params: SamplingParams, window=None, counts=Non
     (counts[i]: how often token i was generated), in float32."""
     lg = np.array(logits, dtype=np.float32)
     if params.penalizes_repeats and window is not None and len(window):
-        w = np.unique(np.asarray(window, np.int64))
+        w = np.unique(window)
         v, rp = lg[w], np.float32(params.repeat_penalty)
         lg[w] = np.where(v > 0, v / rp, v * rp)
     if params.penalizes_counts and counts is not None:
@@ -282,25 +283,23 @@ def sample(logits: np.ndarray, params: SamplingParams, step: int, seed: int, *, 
         raise NonFiniteLogits(step, "numpy", bad)
     if params.greedy:
         return int(np.argmax(z))
-    m = np.float32(z.max() + np.float32(0))
+    m = z.max()
     cand = np.flatnonzero(z >= m - CUT)
-    s = gumbel_scores(z[cand], cand, seed, step)
-    rk = (float_keys(s).astype(np.uint64) << np.uint64(32)) | (np.uint64(0xFFFFFFFF) - cand.astype(np.uint64))
     zk = float_keys(z)
+    recs = cand[records(zk[cand], score_keys(gumbel_scores(z[cand], cand, seed, step), cand))]
     q = mass_q(z - m)
-    total = float(q.sum(dtype=np.uint64))
+    total = float(q.sum())
     top_p, min_p_log = np.float32(params.top_p), params.min_p_log
-    for r in records(zk[cand], rk):
-        i = int(cand[r])
+    for i in recs[:-1]:  # the last record holds the largest z, which every filter keeps
         above = zk > zk[i]
         if 0 < params.top_k <= np.count_nonzero(above):
             continue
-        if top_p < 1 and not float(q[above].sum(dtype=np.uint64)) < float(top_p) * total:
+        if top_p < 1 and not float(q[above].sum()) < float(top_p) * total:
             continue
         if not z[i] - m >= min_p_log:
             continue
-        return i
-    raise AssertionError("the largest z is always kept")
+        return int(i)
+    return int(recs[-1])
 
 
 @dataclass(frozen=True)
@@ -317,8 +316,8 @@ def token_logprobs(logits: np.ndarray, token: int, n: int) -> TokenLogprobs:
     """log-softmax of the raw logits at `token` and at the n largest (lowest index first on ties); the
     normalizer sums the integer masses of mass_q, as the device does."""
     lg = np.asarray(logits, np.float32)
-    m = np.float32(lg.max() + np.float32(0))
-    total = float(mass_q(lg - m).sum(dtype=np.uint64))
+    m = lg.max()
+    total = float(mass_q(lg - m).sum())
     lse = float(m) + math.log(total * 2.0**-MASS_BITS)
     best = np.argsort(-lg, kind="stable")[:n]
     return TokenLogprobs(int(token), float(lg[token]) - lse, tuple((int(i), float(lg[i]) - lse) for i in best))
@@ -338,13 +337,12 @@ class Sampler:
     def window(self) -> list[int]:
         """The last repeat_last_n tokens of the context (all of it for -1)."""
         n = self.params.repeat_last_n
-        return self.context if n < 0 else self.context[len(self.context) - n:] if n else []
+        return self.context if n < 0 else self.context[len(self.context) - n:]
 
     def __call__(self, logits: np.ndarray) -> int:
         """The next token after `logits`; it joins the context and the counts."""
         p = self.params
-        token = sample(logits, p, self.step, self.seed, window=self.window() if p.penalizes_repeats else None,
-                       counts=self.counts if p.penalizes_counts else None)
+        token = sample(logits, p, self.step, self.seed, window=self.window(), counts=self.counts)
         if p.logprobs is not None:
             self.logprobs = token_logprobs(logits, token, p.logprobs)
         self.context.append(token)

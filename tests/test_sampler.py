@@ -241,6 +241,7 @@ def test_mass_q_is_a_floor_of_2_pow_40():
     q = mass_q(x)
     assert q.dtype == np.uint64
     assert q[0] == 2**40 and q[-1] == q[-2] == 0
+    assert mass_q(MASS_FLOOR) == 0 and mass_q(np.nextafter(MASS_FLOOR, F(0))) == 0 and mass_q(F(-27.7)) == 1
     want = np.floor(exp_f32(x[:5]).astype(np.float64) * 2.0**40)
     np.testing.assert_array_equal(q[:5].astype(np.float64), want)
 
@@ -312,3 +313,131 @@ def test_the_kernel_uses_the_same_constants():
     assert f"#define CUT {float(CUT)}f" in text
     assert f"#define MASS_FLOOR ({float(MASS_FLOOR)}f)" in text
     assert f"#define MASS_SCALE 0x1p{MASS_BITS}f" in text
+
+
+F = np.float32
+
+
+def _from_cuda(name: str):
+    """kernels/sample.cu's `name` (exp_f32 or log_f32), evaluated operation by operation on float32 scalars."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "kernels" / "sample.cu").read_text()
+    body = _cuda_function(text, name).split("{", 1)[1]
+    code = re.sub(r"(-?)0x([0-9a-f.]+p[-+]?\d+)f", r'F(\1float.fromhex("0x\2"))', body)
+    code = re.sub(r"\b(\d+\.\d+)f\b", r"F(\1)", code)
+    code = re.sub(r"\b(0x[0-9a-f]+)u\b", r"\1", code)
+    code = re.sub(r"\(int\)(\w+)", r"int(\1)", code).replace("(int)(", "int(")
+    code = re.sub(r"\(float\)(\w+)", r"F(\1)", code)
+    for cu, py in (("__fmul_rn", "MUL"), ("__fadd_rn", "ADD"), ("__fsub_rn", "SUB"), ("rintf", "np.rint"),
+                   ("__int_as_float", "I2F"), ("__float_as_uint", "F2U"), ("__uint_as_float", "U2F")):
+        code = code.replace(cu + "(", py + "(")
+    lines, depth = [], 1
+    for ln in code.splitlines():
+        ln = re.sub(r"^(const )?(float|int|unsigned) ", "", ln.strip()).rstrip(";")
+        if ln == "}":
+            depth -= 1
+        elif ln.startswith("if (") and ln.endswith("{"):
+            lines.append("    " * depth + "if " + ln[4:-3] + ":")
+            depth += 1
+        elif ln:
+            lines.append("    " * depth + ln)
+    env = {"np": np, "F": F, "MUL": lambda a, b: F(F(a) * F(b)), "ADD": lambda a, b: F(F(a) + F(b)),
+           "SUB": lambda a, b: F(F(a) - F(b)), "I2F": lambda i: np.array([i], np.int32).view(F)[0],
+           "F2U": lambda x: int(np.array([x], F).view(np.uint32)[0]),
+           "U2F": lambda u: np.array([u], np.uint32).view(F)[0]}
+    exec("def f(x):\n" + "\n".join(lines), env)
+    return env["f"]
+
+
+def test_exp_and_log_f32_are_the_kernels_bit_for_bit():
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.uniform(float(MASS_FLOOR), 0, 1500), [0.0, -0.6931472, -27.999, -1e-7]]).astype(F)
+    cuda = _from_cuda("exp_f32")
+    np.testing.assert_array_equal(exp_f32(x), [cuda(v) for v in x])
+    u = np.concatenate([rng.random(1500), rng.uniform(0, 18, 500), [2.0**-25, 1 - 2.0**-24, float(np.sqrt(2))]])
+    u = u.astype(F)
+    cuda = _from_cuda("log_f32")
+    np.testing.assert_array_equal(log_f32(u), [cuda(v) for v in u])
+
+
+def test_numerics_take_plain_lists_and_stay_float32():
+    xs = [-0.1, -3.3, -20.7, 0.0]
+    for fn, arg in ((exp_f32, xs), (log_f32, [0.1, 2.7, 17.0]), (float_keys, xs), (mass_q, xs)):
+        got = fn(arg)
+        np.testing.assert_array_equal(got, fn(np.array(arg, F)))
+        assert got.dtype == {float_keys: np.uint32, mass_q: np.uint64}.get(fn, F), fn.__name__
+    g = gumbel_scores(np.array(xs, F), np.arange(4), 3, 9)
+    assert g.dtype == F
+    lp = token_logprobs([0.1, 0.7, -1.3], 1, 2)
+    assert lp == token_logprobs(np.array([0.1, 0.7, -1.3], F), 1, 2)
+
+
+def test_mass_q_never_evaluates_below_the_floor():
+    with np.errstate(all="raise"):
+        np.testing.assert_array_equal(mass_q(F([-np.inf, -1e30, -100.0, -28.5])), [0, 0, 0, 0])
+
+
+def test_float_keys_are_the_kernels():
+    # key_of: the bits with the sign bit set for x >= 0, all bits flipped for x < 0
+    assert float_keys(F([0.0, 1.0, -1.0, -0.0])).tolist() == [0x80000000, 0xBF800000, 0x407FFFFF, 0x80000000]
+
+
+def test_score_keys_break_ties_by_the_lower_index():
+    from engine.sampling import score_keys
+
+    for s in (1.0, float(np.nextafter(F(1.0), F(2.0))), -2.5):  # keys of both parities
+        k = score_keys(F([s, s, s]), np.array([0, 5, 2**31]))
+        assert k[0] > k[1] > k[2]
+        assert score_keys(F([np.nextafter(F(s), F(9))]), np.array([7]))[0] > k[0]
+
+
+def test_records_when_scores_tie_and_only_the_index_differs():
+    rng = np.random.default_rng(4)
+    zk = rng.integers(1, 6, 200).astype(np.uint32)
+    rk = (np.uint64(0xABCDEF12) << np.uint64(32)) | rng.permutation(2**20)[:200].astype(np.uint64)
+    assert records(zk, rk).tolist() == brute_records(zk.tolist(), rk.tolist())
+
+
+def test_penalties_in_float32_step_by_step():
+    rng = np.random.default_rng(2)
+    lg = rng.uniform(-1, 1, 500).astype(F)
+    counts = rng.integers(0, 5, 500).astype(np.int32)
+    p = SamplingParams(repeat_penalty=1.37, presence_penalty=0.31, frequency_penalty=0.113)
+    win = rng.integers(0, 500, 80).tolist()
+    want = lg.copy()
+    for i in set(win):
+        want[i] = want[i] / F(1.37) if want[i] > 0 else want[i] * F(1.37)
+    for i in np.flatnonzero(counts):
+        want[i] = want[i] - (F(0.31) + F(0.113) * F(counts[i]))
+    got = penalize(list(map(float, lg)), p, win, counts)
+    assert got.dtype == F
+    np.testing.assert_array_equal(got, want)
+    on = SamplingParams(presence_penalty=0.5)
+    np.testing.assert_array_equal(penalize(lg, on, None, None), lg)
+
+
+def test_distribution_does_not_depend_on_a_shift_of_the_logits():
+    # masses are taken against the largest z: +40 neither overflows them nor moves the floor
+    params = SamplingParams(temperature=0.9, top_k=0, top_p=0.7)
+    z = rand_logits(7)
+    assert_follows(draws(z + F(40), params, 2500), reference_probs(z, params))
+    np.testing.assert_array_equal(draws(z + F(40), params, 300), draws(z, params, 300))
+
+
+def test_logprobs_top_ties_lowest_index_first():
+    lg = np.random.default_rng(0).integers(0, 3, 2000).astype(F)
+    t = token_logprobs(lg, 0, 20)
+    assert [i for i, _ in t.top] == sorted(range(2000), key=lambda i: (-lg[i], i))[:20]
+
+
+def test_sampler_state_starts_empty():
+    s = Sampler(SamplingParams(), 1, 10, [1, 2])
+    assert s.logprobs is None and s.counts.dtype == np.int32 and not s.counts.any() and s.step == 0
+
+
+def test_min_p_keeps_the_token_exactly_at_the_threshold():
+    # p_i = min_p * p_max exactly (z_i - max z = log(min_p) in float32) is kept, as llama.cpp keeps it
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.25)
+    z = np.array([0.0, params.min_p_log, np.nextafter(params.min_p_log, F(-2)), -50.0], F)
+    assert set(np.flatnonzero(draws(z, params, 400))) == {0, 1}

@@ -72,6 +72,8 @@ def test_uniform_ends():
         {"seed": -1},
         {"seed": 2**64},
         {"max_new_tokens": 0},
+        {"max_new_tokens": True},
+        {"max_new_tokens": 2.0},
         {"stop": "abc"},
         {"stop": ("",)},
         {"min_p": -0.1},
@@ -94,13 +96,15 @@ def test_uniform_ends():
     ],
 )
 def test_bad_params_raise(kw):
-    with pytest.raises(GDecodeError):
+    name = next(iter(kw))
+    with pytest.raises(GDecodeError, match=f"^{name} must be"):
         SamplingParams(**kw)
 
 
 @pytest.mark.parametrize(
     "kw",
-    [{"min_p": 0.0}, {"min_p": 1.0}, {"repeat_penalty": 0.5}, {"repeat_last_n": -1}, {"repeat_last_n": 0},
+    [{"seed": 0}, {"seed": 2**64 - 1}, {"max_new_tokens": 1}, {"min_p": 0.0}, {"min_p": 1.0},
+     {"repeat_penalty": 0.5}, {"repeat_last_n": -1}, {"repeat_last_n": 0},
      {"presence_penalty": -2.0}, {"frequency_penalty": 2.0}, {"logprobs": 0}, {"logprobs": 20}],
 )
 def test_edge_params_are_accepted(kw):
@@ -126,4 +130,14 @@ def test_defaults_and_seed():
         0.0, 1.0, 64, 0.0, 0.0, None)
     assert p.stop == ("x",)
     assert resolve_seed(SamplingParams(seed=5)) == 5
-    assert 0 <= resolve_seed(p) < 2**63
+    assert all(0 <= resolve_seed(p) < 2**63 for _ in range(200))
+
+
+@pytest.mark.parametrize("seed,step", [(2**64, 0), (0, 2**64), (-1, 0), (0, -1)])
+def test_rng_refuses_out_of_range_counters(seed, step):
+    with pytest.raises(GDecodeError, match="seed and step must be in"):
+        rng_bits(seed, step, [0])
+
+
+def test_uniform_from_plain_ints():
+    np.testing.assert_array_equal(uniform_from_bits([0, 5 << 40]), np.float32([2.0**-25, 5.5 * 2.0**-24]))
