@@ -337,7 +337,7 @@ class Sampler:
     def window(self) -> list[int]:
         """The last repeat_last_n tokens of the context (all of it for -1)."""
         n = self.params.repeat_last_n
-        return self.context if n < 0 else self.context[len(self.context) - n:]
+        return self.context if n < 0 else self.context[max(0, len(self.context) - n):]
 
     def __call__(self, logits: np.ndarray) -> int:
         """The next token after `logits`; it joins the context and the counts."""

@@ -441,3 +441,12 @@ def test_min_p_keeps_the_token_exactly_at_the_threshold():
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.25)
     z = np.array([0.0, params.min_p_log, np.nextafter(params.min_p_log, F(-2)), -50.0], F)
     assert set(np.flatnonzero(draws(z, params, 400))) == {0, 1}
+
+
+@pytest.mark.parametrize("n,length", [(16, 13), (16, 16), (16, 20), (4, 3), (0, 5), (-1, 7)])
+def test_repeat_window_is_the_last_n_tokens_of_a_short_context(n, length):
+    params = SamplingParams(repeat_penalty=1.3, repeat_last_n=n)
+    context = list(range(100, 100 + length))
+    s = Sampler(params, 1, 1000, context)
+    want = context if n < 0 else context[len(context) - min(n, len(context)):] if n else []
+    assert s.window() == want
