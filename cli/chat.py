@@ -59,24 +59,37 @@ def _read(prompt: str) -> str | None:
 
 @app.command()
 def chat(
-    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory."),
+    model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message that starts the chat."),
     max_new_tokens: int = typer.Option(_P.max_new_tokens, "--max-new-tokens", "-n", min=1,
                                        help="Tokens per reply at most."),
     temperature: float = typer.Option(_P.temperature, help="0 means greedy."),
     top_k: int = typer.Option(_P.top_k, help="0 turns top-k off."),
     top_p: float = typer.Option(_P.top_p, help="1.0 turns top-p off."),
+    min_p: float = typer.Option(_P.min_p, "--min-p", help="Keep tokens with p >= min_p * p_max; 0 turns it off."),
+    repeat_penalty: float = typer.Option(_P.repeat_penalty, "--repeat-penalty",
+                                         help="Penalize the last --repeat-last-n tokens (llama.cpp); 1.0 is off."),
+    repeat_last_n: int = typer.Option(_P.repeat_last_n, "--repeat-last-n",
+                                      help="Tokens the repeat penalty covers; 0 off, -1 the whole context."),
+    presence_penalty: float = typer.Option(_P.presence_penalty, "--presence-penalty",
+                                           help="Subtract from tokens already generated (OpenAI); 0 is off."),
+    frequency_penalty: float = typer.Option(_P.frequency_penalty, "--frequency-penalty",
+                                            help="Subtract per earlier occurrence in the output (OpenAI); 0 is off."),
     seed: Optional[int] = typer.Option(None, help="Sampling seed; the same seed gives the same replies."),
     backend: str = typer.Option("auto", help="auto | cuda | numpy"),
     max_context: Optional[int] = typer.Option(None, help="KV-cache length (default: the model's limit)."),
     no_graph: bool = typer.Option(False, "--no-graph", help="Launch the decode kernels eagerly (CUDA)."),
+    quantize: Optional[str] = typer.Option(None, help="Quantize a bf16/fp16/fp32 model at load: q8_0 | q4_0."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Tokens, cache reuse and speed after each reply."),
 ):
     """Chat with the model in the terminal. The conversation stays in the KV cache between turns,
     so each turn prefills only its new tokens."""
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                            max_new_tokens=max_new_tokens)
-    engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph),
+                            max_new_tokens=max_new_tokens, min_p=min_p, repeat_penalty=repeat_penalty,
+                            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+                            frequency_penalty=frequency_penalty)
+    engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph,
+                                       quantize=quantize),
                            max_waiting=1)
     llm = engine.start()
     if llm.tokenizer.chat_template is None:
@@ -103,8 +116,8 @@ def chat(
             if not cmd:
                 continue
             turn = [*history, {"role": "user", "content": line}]
-            ids = llm.tokenizer.encode_chat(turn)
             try:
+                ids = llm.tokenizer.encode_chat(turn, max_tokens=llm.max_context)
                 check_prompt(len(ids), llm.max_context)
             except GDecodeError as e:
                 _say(f"error: {e}; /clear starts over")

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +12,7 @@ import typer
 from cli.main import app, silence
 from engine.errors import GDecodeError
 from engine.llm import DEFAULT_MODEL, LLM
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, resolve_seed
 
 _P = SamplingParams
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
@@ -75,7 +77,19 @@ def generate(
     temperature: float = typer.Option(_P.temperature, help="0 means greedy."),
     top_k: int = typer.Option(_P.top_k, help="0 turns top-k off."),
     top_p: float = typer.Option(_P.top_p, help="1.0 turns top-p off."),
-    seed: Optional[int] = typer.Option(None, help="Sampling seed; the same seed gives the same tokens."),
+    min_p: float = typer.Option(_P.min_p, "--min-p", help="Keep tokens with p >= min_p * p_max; 0 turns it off."),
+    repeat_penalty: float = typer.Option(_P.repeat_penalty, "--repeat-penalty",
+                                         help="Penalize the last --repeat-last-n tokens (llama.cpp); 1.0 is off."),
+    repeat_last_n: int = typer.Option(_P.repeat_last_n, "--repeat-last-n",
+                                      help="Tokens the repeat penalty covers; 0 off, -1 the whole context."),
+    presence_penalty: float = typer.Option(_P.presence_penalty, "--presence-penalty",
+                                           help="Subtract from tokens already generated (OpenAI); 0 is off."),
+    frequency_penalty: float = typer.Option(_P.frequency_penalty, "--frequency-penalty",
+                                            help="Subtract per earlier occurrence in the output (OpenAI); 0 is off."),
+    logprobs: Optional[int] = typer.Option(None, "--logprobs", help="Print each token's log-probability and the "
+                                           "top N (0-20) as JSON lines on stderr."),
+    seed: Optional[int] = typer.Option(None, help="Sampling seed; the same seed gives the same tokens (printed on "
+                                       "stderr when not given)."),
     stop: list[str] = typer.Option([], "--stop", metavar="<text>",
                                    help=r"Stop when this text appears (repeatable). Backslash escapes "
                                         r"are read: \n newline, \t tab, \\ backslash, \xHH, \uHHHH."),
@@ -94,15 +108,23 @@ def generate(
         raise GDecodeError("--system needs --chat")
     stops = tuple(unescape(_valid_text(s, "--stop")) for s in stop)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                            max_new_tokens=max_new_tokens, stop=stops)
+                            max_new_tokens=max_new_tokens, stop=stops, min_p=min_p,
+                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logprobs=logprobs)
     if system is not None:
         system = _valid_text(system, "--system")
     llm = LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph, quantize=quantize)
     prompt = _read_stdin(llm.max_prompt_bytes) if prompt == "-" else _valid_text(prompt, "the prompt")
+    if seed is None:
+        params = replace(params, seed=resolve_seed(params))
+    shown_seed = None if seed is not None or params.greedy else params.seed
     pieces = llm.generate(prompt, params, chat=chat, system=system)
+    shown = 0
     try:
         for piece in pieces:
             _write(piece)
+            shown = _print_logprobs(llm, shown)
+        _print_logprobs(llm, shown)
         _write("\n")
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly
         silence(sys.stdout)
@@ -111,12 +133,23 @@ def generate(
     except KeyboardInterrupt:
         pieces.close()
         llm.stats.stop_reason = "interrupted"
-        _report(llm)
+        _report(llm, shown_seed)
         raise
-    _report(llm)
+    _report(llm, shown_seed)
 
 
-def _report(llm: LLM) -> None:
+def _print_logprobs(llm: LLM, shown: int) -> int:
+    """One JSON line on stderr per generated token not shown yet; returns how many are shown."""
+    decode = llm.tokenizer.decode
+    for t in llm.logprobs[shown:]:
+        top = [{"token": i, "text": decode([i]), "logprob": round(lp, 6)} for i, lp in t.top]
+        _say(json.dumps({"token": t.token, "text": decode([t.token]), "logprob": round(t.logprob, 6), "top": top},
+                        ensure_ascii=False))
+    return len(llm.logprobs)
+
+
+def _report(llm: LLM, seed: int | None = None) -> None:
+    """The stats line on stderr (and the seed drawn for this run, when none was given)."""
     s = llm.stats
     if s.stop_reason == "interrupted":
         try:
@@ -128,3 +161,5 @@ def _report(llm: LLM) -> None:
     _say(f"[{llm.backend.name}] prompt {s.prompt_tokens} tokens, time to first token {s.ttft * 1e3:.1f} ms; "
          f"generated {s.new_tokens} tokens in {s.seconds:.2f} s, {s.tok_per_s:.1f} tok/s "
          f"(stop: {s.stop_reason})")
+    if seed is not None:
+        _say(f"seed: {seed} (pass --seed {seed} to repeat this run)")

@@ -14,10 +14,11 @@ from cli.main import app
 def import_gguf(
     gguf_file: Path = typer.Argument(..., help="the .gguf file to read"),
     outdir: Path = typer.Argument(..., help="the model directory to write"),
-    force: bool = typer.Option(False, "--force", help="replace OUTDIR if it exists"),
+    force: bool = typer.Option(False, "--force", help="replace OUTDIR if it is empty or an earlier import "
+                               "(it holds a .gdecode-import marker and nothing else)"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ):
-    """Dequantize a GGUF (llama, qwen2) into bf16 safetensors, config.json and tokenizer.json."""
+    """Dequantize a GGUF (llama, mistral, qwen2, qwen3) into bf16 safetensors, config.json and tokenizer.json."""
     from engine.gguf_import import import_gguf as run
 
     start = time.perf_counter()

@@ -5,6 +5,8 @@ from pathlib import Path
 import typer
 
 from cli.main import app
+from engine.errors import GDecodeError
+from engine.finite import first_nonfinite
 from engine.llm import DEFAULT_MODEL
 from engine.loader import load_model
 from engine.qweights import device_bytes, elements, stored_bytes
@@ -17,6 +19,7 @@ def _gb(n: int) -> str:
 @app.command()
 def info(
     model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
+    check: bool = typer.Option(False, "--check", help="Also scan every weight for NaN or Inf."),
 ):
     """Print a model's architecture, size and KV-cache cost per token (for a GGUF: its tensor types)."""
     m = load_model(model, tokenizer=False)
@@ -40,3 +43,9 @@ def info(
             rows.append((name, f"{count} tensor{'s' if count > 1 else ''}, {_gb(size)}"))
     for k, v in rows:
         typer.echo(f"{k:>20}: {v}")
+    if check:
+        bad = first_nonfinite(w)
+        if bad is not None:
+            name, n = bad
+            raise GDecodeError(f"{model}: weight {name} holds {n} non-finite value{'s' * (n > 1)} (NaN or Inf)")
+        typer.echo(f"{'weights':>20}: ok (every value finite)")

@@ -60,35 +60,39 @@ def _is_devnull(stream) -> bool:
         return False
 
 
-def _tidy_help(cmd, default_model) -> None:
-    """What the help shows: no type after a flag, a list option as its element type, and the default
-    model as the short path in the repository rather than a long absolute one."""
-    from engine.llm import DEFAULT_MODEL_NAME
-
+def _tidy_help(cmd, default_model, default_name: str) -> None:
+    """What the help shows: no type after a flag, a list as its element type, a range as its number
+    type (the range follows), and the default model as its short name rather than a long absolute path."""
     subs = getattr(cmd, "commands", {})
     ctx = click.Context(cmd, info_name=cmd.name, help_option_names=HELP_NAMES)
     params = [*cmd.params, cmd.get_help_option(ctx)]
     for p in params:
-        if p is None or p.metavar is not None:
+        if p is None:
             continue
-        if getattr(p, "is_flag", False):
+        elem = get_args(getattr(getattr(p, "type_descriptor", None), "annotation", None))
+        label = f"<{getattr(elem[0], '__name__', 'text').lower()}>" if elem else None
+        if getattr(p, "is_flag", False) and p.metavar is None:
             p.metavar = ""
-        elif getattr(p, "multiple", False):
-            elem = get_args(getattr(getattr(p, "type_descriptor", None), "annotation", None))
-            p.metavar = f"<{getattr(elem[0], '__name__', 'text').lower()}>" if elem else "<text>"
+        elif label and p.param_type_name == "option" and p.metavar is None:
+            p.metavar = label
+        elif label:  # an argument shows its type whatever its metavar
+            p.display_type_rich = lambda ctx, label=label: label
+        elif p.metavar is None and (getattr(p, "min", None) is not None or getattr(p, "max", None) is not None):
+            kind = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+            p.metavar = f"<{getattr(kind, '__name__', 'number')}>"  # not "<int range>": the range follows it
         if getattr(p, "default", None) == default_model and p.show_default is True:
-            p.show_default = DEFAULT_MODEL_NAME
+            p.show_default = default_name
     for sub in subs.values():
-        _tidy_help(sub, default_model)
+        _tidy_help(sub, default_model, default_name)
 
 
 def build():
     """The click command of the whole app, with every command registered and the help tidied."""
     from cli import commands  # noqa: F401  (registers every command)
-    from engine.llm import DEFAULT_MODEL
+    from engine.llm import DEFAULT_MODEL, DEFAULT_MODEL_NAME
 
     cmd = typer.main.get_command(app)
-    _tidy_help(cmd, DEFAULT_MODEL)
+    _tidy_help(cmd, DEFAULT_MODEL, DEFAULT_MODEL_NAME)
     return cmd
 
 

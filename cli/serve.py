@@ -75,7 +75,7 @@ def serve(
     backend: str = typer.Option("auto", help="auto | cuda | numpy"),
     max_context: Optional[int] = typer.Option(None, help="KV-cache length (default: the model's limit)."),
     max_queue: int = typer.Option(64, min=1, help="Requests that may wait; more get 429."),
-    model_name: Optional[str] = typer.Option(None, help="The model id the API shows (default: the folder name)."),
+    model_name: Optional[str] = typer.Option(None, help="The id the API shows (default: the folder or file name)."),
     no_graph: bool = typer.Option(False, "--no-graph", help="Launch the decode kernels eagerly (CUDA)."),
     log_level: str = typer.Option("info", help="debug | info | warning | error"),
     quantize: Optional[str] = typer.Option(None, help="Quantize a bf16/fp16/fp32 model at load: q8_0 | q4_0."),
@@ -88,4 +88,5 @@ def serve(
     engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph,
                                        quantize=quantize),
                            max_waiting=max_queue)
-    run_server(engine, model_name or Path(model).resolve().name, host, port)
+    model_id = model_name or (model.stem if model.suffix == ".gguf" else model.resolve().name)
+    run_server(engine, model_id, host, port)

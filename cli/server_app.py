@@ -32,6 +32,7 @@ MAX_BODY = 10 * 2**20
 DRAIN_MAX = 64 * 2**20
 RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.25
+INLINE_TOKENIZE = 16384  # characters tokenized on the event loop itself (well under a millisecond)
 WEB = Path(__file__).resolve().parent / "web"
 FAILED_STATUS = {"invalid": 400, "shutdown": 503, "internal": 500}
 log = logging.getLogger("gdecode.serve")
@@ -61,19 +62,15 @@ def error_response(e: ApiError) -> JSONResponse:
 async def read_json(request: HttpRequest) -> object:
     """The body as JSON; 413 past MAX_BODY bytes, 400 when it does not parse."""
     length = request.headers.get("content-length", "")
+    declared = int(length) if length.isdigit() else 0
     body, seen = bytearray(), 0
-    if not (length.isdigit() and int(length) > MAX_BODY):
-        async for part in request.stream():
+    async for part in request.stream():
+        seen += len(part)
+        if seen <= MAX_BODY and declared <= MAX_BODY:
             body += part
-            if len(body) > MAX_BODY:
-                seen = len(body)
-                break
-    if seen or length.isdigit() and int(length) > MAX_BODY:
-        # read (and drop) the rest, up to a point, so that the client gets to read the answer
-        async for part in request.stream():
-            seen += len(part)
-            if seen > DRAIN_MAX:
-                break
+        elif seen > DRAIN_MAX:
+            break  # past this the client is cut off; up to it, it gets to read the answer
+    if seen > MAX_BODY or declared > MAX_BODY:
         raise ApiError(413, f"the request body is larger than {MAX_BODY // 2**20} MB", code="request_too_large")
     try:
         return json.loads(body)
@@ -130,7 +127,8 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
         req = parse("chat", await read_json(request))
         check_common(req, model_id)
         messages = messages_of(req)
-        ids = await asyncio.to_thread(encode, lambda: tok.encode_chat(messages))
+        size = sum(len(m["content"]) for m in messages)
+        ids = await encode(lambda: tok.encode_chat(messages, max_tokens=ctx), "messages", size)
         return await run(request, req, ids, "messages")
 
     @app.post("/v1/completions")
@@ -146,7 +144,7 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
             if len(prompt) != 1:
                 raise ApiError(400, f"'prompt' must be one text; a batch of {len(prompt)} is not supported", "prompt")
             prompt = prompt[0]
-        ids = await asyncio.to_thread(encode, lambda: tok.encode(prompt))
+        ids = await encode(lambda: tok.encode(prompt, max_tokens=ctx), "prompt", len(prompt))
         return await run(request, req, ids, "prompt")
 
     async def run(request: HttpRequest, req: ChatRequest | CompletionRequest, ids: list[int], what: str):
@@ -174,7 +172,7 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
                            type="rate_limit_error", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except ShuttingDown as e:
             raise ApiError(503, str(e), code="shutting_down", type="server_error") from None
-        shape = Shape(isinstance(req, ChatRequest), model_id)
+        shape = Shape(isinstance(req, ChatRequest), model_id, tok)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return EventStream(stream(events, shape, include_usage), on_close=r.cancel)
@@ -183,15 +181,19 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
     return app
 
 
-def encode(fn) -> list[int]:
+async def encode(fn, what: str, size: int) -> list[int]:
+    """Tokenize (a long text on a worker thread, so that running streams go on); a prompt that cannot
+    fit the context is refused before all of it is tokenized."""
     try:
-        return fn()
+        return fn() if size <= INLINE_TOKENIZE else await asyncio.to_thread(fn)
     except GDecodeError as e:
-        raise ApiError(400, str(e)) from None
+        code = "context_length_exceeded" if "context" in str(e) else None
+        raise ApiError(400, str(e), what, code) from None
 
 
 async def whole(request: HttpRequest, r: Request, events: asyncio.Queue, shape: Shape):
     text: list[str] = []
+    logprobs = []
     while True:
         try:
             ev = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
@@ -201,8 +203,10 @@ async def whole(request: HttpRequest, r: Request, events: asyncio.Queue, shape: 
             continue
         if isinstance(ev, Delta):
             text.append(ev.text)
+            if ev.logprobs is not None:
+                logprobs.append(ev.logprobs)
         elif isinstance(ev, Finished):
-            return shape.whole("".join(text), ev.reason, ev.usage)
+            return shape.whole("".join(text), ev.reason, ev.usage, shape.logprobs(logprobs))
         elif isinstance(ev, Failed):
             kind = "server_error" if ev.kind != "invalid" else "invalid_request_error"
             return error_response(ApiError(FAILED_STATUS[ev.kind], ev.message, type=kind))
@@ -216,9 +220,11 @@ async def stream(events: asyncio.Queue, shape: Shape, include_usage: bool):
         batch = [await events.get()]
         while not events.empty():
             batch.append(events.get_nowait())
-        text = "".join(ev.text for ev in batch if isinstance(ev, Delta))
-        if text:
-            yield shape.chunk(text)
+        deltas = [ev for ev in batch if isinstance(ev, Delta)]
+        text = "".join(ev.text for ev in deltas)
+        logprobs = shape.logprobs([ev.logprobs for ev in deltas if ev.logprobs is not None])
+        if text or logprobs:
+            yield shape.chunk(text, logprobs=logprobs)
         last = batch[-1]
         if isinstance(last, Finished):
             yield shape.chunk(reason=last.reason)

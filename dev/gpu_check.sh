@@ -78,9 +78,22 @@ section "bench"
 BENCHES=(
     "--shape llama3-8b --depth 0,8192,32768"
     "--shape llama3-8b --tests tg128 --no-graph"
+    "--shape llama3-8b --tests tg128 --sample"
     "--shape qwen2.5-0.5b --depth 0,8192 --breakdown"
     "--shape qwen2.5-0.5b --tests tg128 --no-graph"
+    "--shape qwen2.5-0.5b --tests tg128 --sample"
 )
+# quantized formats (random blocks made on the device); GDECODE_QUANT_BENCH=0 leaves them out
+if [ "${GDECODE_QUANT_BENCH:-1}" != 0 ]; then
+    BENCHES+=(
+        "--shape llama3-8b --quant q4_k_m --depth 0,8192"
+        "--shape llama3-8b --quant q4_0 --tests tg128"
+        "--shape llama3-8b --quant q8_0 --tests tg128"
+        "--shape llama3-8b --quant q6_k --tests tg128"
+        "--shape qwen2.5-0.5b --quant q4_k_m --tests tg128"
+        "--shape qwen2.5-0.5b --quant q8_0 --tests tg128"
+    )
+fi
 [ -n "${GDECODE_BENCH_ARGS:-}" ] && BENCHES=("$GDECODE_BENCH_ARGS")
 : >"$LOGS/bench.log"
 for args in "${BENCHES[@]}"; do
@@ -90,6 +103,20 @@ for args in "${BENCHES[@]}"; do
     rc=${PIPESTATUS[0]}
     if [ "$rc" -eq 0 ]; then record "bench" "ok: $args"; else fail "bench" "FAILED (rc=$rc): $args"; fi
 done
+
+section "serve"
+# streamed tok/s and time to first token through the openai client against generate (needs the default model)
+if [ -f models/smollm2-135m-instruct/config.json ]; then
+    for args in "" "--shape llama3-8b"; do
+        echo "\$ dev/serve_bench.py $args" | tee -a "$LOGS/serve.log"
+        # shellcheck disable=SC2086
+        timeout 240 "$PY" dev/serve_bench.py $args 2>&1 | tee -a "$LOGS/serve.log"
+        rc=${PIPESTATUS[0]}
+        if [ "$rc" -eq 0 ]; then record "serve bench" "ok: ${args:-smollm2}"; else fail "serve bench" "FAILED (rc=$rc): $args"; fi
+    done
+else
+    record "serve bench" "skipped: no default model (make model)"
+fi
 
 section "copy bandwidth"
 timeout 120 "$PY" -m kernels.bandwidth >"$LOGS/bandwidth.log" 2>&1
@@ -108,4 +135,5 @@ done
 printf '%-16s %s\n' "logs" "$LOGS"
 echo
 grep -E 'device copy bandwidth|^\$ gdecode bench|(tg|pp)[0-9]+' "$LOGS/bench.log" 2>/dev/null | grep -v 'kernel' || true
+grep -E 'serve_bench|PASS|FAIL' "$LOGS/serve.log" 2>/dev/null || true
 exit $STATUS

@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError, check_tokens
+from engine.errors import GDecodeError, NonFiniteLogits, check_tokens
 from engine.prefix import shared_prefix
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, TokenLogprobs
 from engine.weights import ModelWeights
 from kernels.tuning import Tuning
 
@@ -21,14 +21,17 @@ IN_FLIGHT = 8  # replays queued ahead of the token being read
 class CudaBackend:
     """Decode on the GPU: weights, KV cache and the captured step are built once, here.
 
-    weights None: random weights made on the device (benchmarks). tuning: launch shapes; its
+    weights None: random weights made on the device (benchmarks), bf16 or in the ggml types of the
+    random_quant preset. quantize ("q8_0" / "q4_0"): dense matrices quantized on the device at load
+    (block-format matrices of a GGUF stay as they are). tuning: launch shapes; its
     splits, when None, become default_splits (self.tuning holds the value in use).
     """
 
     name = "cuda"
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights | None, max_context: int | None = None,
-                 tuning: Tuning = Tuning(), use_graph: bool = True, pdl: bool = True, seed: int = 0):
+                 tuning: Tuning = Tuning(), use_graph: bool = True, pdl: bool = True, seed: int = 0,
+                 quantize: str | None = None, random_quant: str = "bf16"):
         import cupy as cp
 
         from graphs.buffers import DecodeBuffers, DeviceWeights, fit_context
@@ -36,14 +39,17 @@ class CudaBackend:
         from graphs.prefill import Prefill
         from kernels.cuda import init, shared_stream
 
+        if cfg.o_proj_bias:  # never drop a bias: refuse until the decode step applies it
+            raise GDecodeError("this checkpoint puts a bias on o_proj (attention_bias), which the cuda backend "
+                               "does not apply yet: use --backend numpy")
         init()
         self.cfg = cfg
         self.stream = stream = shared_stream()
         with stream:
             if weights is None:
-                self.weights = DeviceWeights.random(cfg, seed)
+                self.weights = DeviceWeights.random(cfg, seed, random_quant)
             else:
-                self.weights = DeviceWeights.upload(cfg, weights)
+                self.weights = DeviceWeights.upload(cfg, weights, quantize)
             stream.synchronize()
             cp.get_default_memory_pool().free_all_blocks()
             free = cp.cuda.runtime.memGetInfo()[0]
@@ -63,6 +69,7 @@ class CudaBackend:
         self._events = [cp.cuda.Event(disable_timing=True) for _ in range(RING)]
         self.held: list[int] = []  # the tokens whose K/V the cache holds at positions 0..len-1
         self.reused = 0  # prompt tokens the last generate() took from the cache
+        self.token_logprobs: TokenLogprobs | None = None  # the last yielded token's, when asked for
 
     def start(self, prompt_ids, params: SamplingParams | None = None, seed: int = 0, prefill: bool = False,
               keep: int = 0) -> int:
@@ -76,7 +83,7 @@ class CudaBackend:
         p = params or SamplingParams(temperature=0.0)
         self.held = []
         self.stream.synchronize()
-        self.bufs.write_state(self.stream, ids, p.temperature, p.top_k, p.top_p, seed)
+        self.bufs.write_state(self.stream, ids, p, seed)
         if prefill and self.prefill is not None and len(ids) > 1:
             self.prefill.ready(ids, start=keep)
             return len(ids) - 1
@@ -96,14 +103,24 @@ class CudaBackend:
         self.stream.synchronize()
         return self.bufs.read_state()
 
+    def _logprobs(self, slot: int) -> TokenLogprobs:
+        """The log-probability record the sampler left in ring slot `slot`."""
+        rec = self.bufs.lp_ring[slot]
+        lps = rec.view(np.float32)
+        n = int(rec[2])
+        return TokenLogprobs(int(rec[0]), float(lps[1]),
+                             tuple((int(rec[3 + 2 * j]), float(lps[4 + 2 * j])) for j in range(n)))
+
     def generate(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
                  reuse: bool = False) -> Iterator[int]:
         """Yield up to max_new_tokens sampled ids; stops early at the context limit.
 
         The first n-1 prompt tokens are prefilled in batch; the first replay runs the last prompt
         token at position n-1 and samples. Up to IN_FLIGHT replays are queued ahead of the token
-        being read from the host ring. With reuse (and the batched prefill), the prompt's longest
-        prefix that the cache already holds is not prefilled again.
+        being read from the host ring (a token of -1 there: that step's logits were not finite, raised
+        as NonFiniteLogits). With params.logprobs, token_logprobs holds each yielded token's. With
+        reuse (and the batched prefill), the prompt's longest prefix that the cache already holds is
+        not prefilled again.
         """
         ids = [int(t) for t in prompt_ids]
         n = len(ids)
@@ -119,8 +136,13 @@ class CudaBackend:
                     self._events[issued % RING].record(self.stream)
                     issued += 1
                 self._events[j % RING].synchronize()
-                out.append(int(self.bufs.ring[j % RING]))
-                yield out[-1]
+                token = int(self.bufs.ring[j % RING])
+                if token < 0:
+                    raise NonFiniteLogits(j - (n - 1), self.name)
+                if params.logprobs is not None:
+                    self.token_logprobs = self._logprobs(j % RING)
+                out.append(token)
+                yield token
         finally:
             self.stream.synchronize()
             # replays ran positions up to issued-1; the token at position n+i is out[i]

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.shapes import decode_bytes
+from engine.sampling import SamplingParams
 from graphs.decode import Launches
 from kernels.numerics import active_splits
 
@@ -27,6 +27,7 @@ class Result:
     ms_per_token: float
     gb_s: float | None  # bytes the step must read / time
     pct_copy: float | None  # gb_s as % of the device copy bandwidth
+    sampling: str = "greedy"  # tg: greedy or a SAMPLED configuration
 
     def row(self) -> dict:
         return asdict(self)
@@ -66,21 +67,31 @@ def fill_depth(backend, depth: int, seed: int = 2) -> None:
     backend.stream.synchronize()
 
 
-def set_position(backend, depth: int, prompt_tokens: int = 1) -> None:
+# the sampled decoding configurations `bench --sample` times next to greedy (random weights give flat
+# logits, the sampler's hardest case)
+SAMPLED = {
+    "defaults": SamplingParams(),
+    "top-p": SamplingParams(top_k=0, top_p=0.95),
+    "top-k": SamplingParams(top_k=40, top_p=1.0),
+    "min-p": SamplingParams(top_k=0, top_p=1.0, min_p=0.05),
+    "penalties": SamplingParams(repeat_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5),
+}
+
+
+def set_position(backend, depth: int, prompt_tokens: int = 1, params: SamplingParams | None = None) -> None:
     """Continue as if `depth` tokens were already cached; the next prompt_tokens - 1 steps read the
-    prompt buffer, the rest sample greedily."""
-    from graphs.buffers import STATE_DTYPE
-
-    b = backend.bufs
-    b.write_state(backend.stream, [1])
-    for field, value in (("pos", depth), ("prompt_len", depth + prompt_tokens)):
-        off = STATE_DTYPE.fields[field][1]
-        b.state[off: off + 4].set(np.array([value], np.int32).view(np.uint8), stream=backend.stream)
-    backend.stream.synchronize()
+    prompt buffer, the rest sample with `params` (default greedy)."""
+    backend.bufs.write_state(backend.stream, [1] * (depth + prompt_tokens), params, seed=1, pos=depth)
 
 
-def bench_tg(backend, depth: int, repeats: int, graph: bool, copy_gbs: float) -> Result:
-    cfg: ModelConfig = backend.cfg
+def step_bytes(backend, n_cached: int) -> int:
+    """Bytes one decode step reads: the weights as stored on the device (block formats at their own
+    size), the embedding's one row, and n_cached bf16 K/V rows."""
+    return backend.weights.step_bytes() + n_cached * backend.cfg.kv_bytes_per_token(2)
+
+
+def bench_tg(backend, depth: int, repeats: int, graph: bool, copy_gbs: float,
+             params: SamplingParams | None = None, sampling: str = "greedy") -> Result:
     run = backend.step if graph else backend.step.eager
     timer = Timer(backend.stream)
 
@@ -88,18 +99,18 @@ def bench_tg(backend, depth: int, repeats: int, graph: bool, copy_gbs: float) ->
         for _ in range(n):
             run()
 
-    set_position(backend, depth)
+    set_position(backend, depth, params=params)
     timer(lambda: tokens(WARMUP))
     times = []
     for _ in range(repeats):
-        set_position(backend, depth)
+        set_position(backend, depth, params=params)
         times.append(timer(lambda: tokens(TG_TOKENS)))
     ms = statistics.median(times) / TG_TOKENS
-    nbytes = decode_bytes(cfg, depth + TG_TOKENS // 2 + 1)
+    nbytes = step_bytes(backend, depth + TG_TOKENS // 2 + 1)
     gbs = nbytes / (ms * 1e-3) / 1e9
     name = f"tg{TG_TOKENS}" + (f"@{depth}" if depth else "")
     return Result(name, "graph" if graph else "eager", backend.attn_splits, 1e3 / ms, ms, gbs,
-                  100 * gbs / copy_gbs)
+                  100 * gbs / copy_gbs, sampling)
 
 
 def bench_pp(backend, depth: int, repeats: int) -> Result:
@@ -179,6 +190,10 @@ def breakdown(backend, depth: int, repeats: int = 5) -> list[dict]:
         for kind, t in totals.items():
             per_kind.setdefault(kind, []).append(t)
     nbytes = kind_bytes(cfg, depth + 1, backend.attn_splits, backend.tuning.attn.min_chunk)
+    w = backend.weights  # the projections read their matrices as stored (block formats at their size)
+    for kind, field in (("qkv_proj", "wqkv"), ("o_proj", "wo"), ("gate_up", "w_gate_up"), ("down_proj", "w_down")):
+        nbytes[kind] = sum(int(getattr(lw, field).nbytes) for lw in w.layers)
+    nbytes["lm_head"] = int(w.lm_head.nbytes) + 4 * cfg.vocab_size
     count = {k: kinds.count(k) for k in set(kinds)}
     rows = []
     for kind, ts in per_kind.items():

@@ -25,6 +25,7 @@ _TRACE_EVERY = 256  # line events between two looks at the clock
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\d*)(?:\.(\d*))?")
 _SIZED = (str, list, tuple, dict)
 _FORMATS = ("format", "format_map")
+_SIZING_FILTERS = {"do_center", "do_indent", "do_wordwrap", "do_truncate", "do_format"}
 
 
 class TemplateLimit(Exception):
@@ -93,7 +94,8 @@ class _BoundedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
     def _bounded(self, f):
         @functools.wraps(f)
         def bounded(*args, **kwargs):
-            self.check_sizes(*args, *kwargs.values())
+            if f.__name__ in _SIZING_FILTERS:
+                self.check_sizes(*args, *kwargs.values())
             if f is jinja2.filters.do_format and args and isinstance(args[0], str):
                 self.check_format(args[0], percent=True)
             return self.check(f(*args, **kwargs))
@@ -122,7 +124,8 @@ class _BoundedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
         for a in (*args, *kwargs.values()):
             __self.check(a)
-        __self.check_sizes(*args, *kwargs.values())
+        if isinstance(getattr(__obj, "__self__", None), str):  # "a".center(10**10), "a".zfill(...)
+            __self.check_sizes(*args, *kwargs.values())
         return __self.check(super().call(__context, __obj, *args, **kwargs))
 
 

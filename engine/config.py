@@ -98,6 +98,8 @@ class ModelConfig:
             raise GDecodeError(f"{source}: mlp_bias is not supported")
         hidden = f.int("hidden_size")
         heads = f.int("num_attention_heads", hi=hidden)
+        # absent: one KV head per head, as transformers' Llama (its Mistral and Qwen classes default to
+        # 8 and 32 instead; the checkpoint's k_proj shape then decides, and load_weights names a mismatch)
         kv_heads = f.int("num_key_value_heads", heads, hi=heads)
         if heads % kv_heads:
             raise GDecodeError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads "

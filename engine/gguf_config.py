@@ -13,7 +13,7 @@ from gguf.quants import dequantize
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
-from engine.gguf_file import read_metadata
+from engine.gguf_mmap import GGUFFile
 
 SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # general.architecture -> Hugging Face architecture; llama.cpp writes Mistral 7B and its kin as "llama"
@@ -100,14 +100,33 @@ def _kind(v) -> str:
     )
 
 
-def config_from_gguf(reader: GGUFReader, source: str = "GGUF file") -> dict:
-    """config.json (a dict) for the file's llama, mistral, qwen2 or qwen3 model, validated.
+def read_metadata(reader: GGUFFile | GGUFReader) -> dict:
+    """Key -> value (int, float, bool, str or list) of every metadata entry of a parsed GGUF file."""
+    if isinstance(reader, GGUFFile):
+        return reader.meta
+    meta = {}
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF."):
+            try:
+                meta[key] = field.contents()
+            except (UnicodeDecodeError, ValueError, IndexError):
+                raise GDecodeError(f"corrupt GGUF metadata value {key}") from None
+    return meta
 
-    `ModelConfig.from_dict(config_from_gguf(reader, source))` gives the model's config; every
-    bad or missing value raises GDecodeError naming the metadata key.
+
+def tensors_of(reader: GGUFFile | GGUFReader) -> dict[str, ReaderTensor]:
+    """GGUF tensor name -> tensor, in file order."""
+    return reader.tensors if isinstance(reader, GGUFFile) else {t.name: t for t in reader.tensors}
+
+
+def config_from_gguf(reader: GGUFFile | GGUFReader, source: str = "GGUF file") -> dict:
+    """config.json (a dict) for a parsed GGUF file's llama, mistral, qwen2 or qwen3 model, validated.
+
+    reader is engine.gguf_mmap.read_gguf(path) (or a gguf.GGUFReader).
+    `ModelConfig.from_dict(config_from_gguf(reader, source))` gives the model's config; every bad or
+    missing value raises GDecodeError naming the metadata key.
     """
-    tensors = {t.name: t for t in reader.tensors}
-    cfg = build_config(read_metadata(reader), tensors, source)
+    cfg = build_config(read_metadata(reader), tensors_of(reader), source)
     ModelConfig.from_dict(cfg, source=source)
     return cfg
 
@@ -129,7 +148,7 @@ def build_config(meta: dict, tensors: dict[str, ReaderTensor], source: str) -> d
 
     blocks = {int(b.group(1)) for b in map(_BLOCK.match, tensors) if b}
     layers = need("block_count", m.int(f"{arch}.block_count"))
-    if blocks != set(range(layers)):
+    if layers != len(blocks) or blocks != set(range(layers)):
         raise GDecodeError(f"{source}: {arch}.block_count is {layers}, but the file has tensors for "
                            f"{len(blocks)} blocks")
     hidden = need("embedding_length", m.int(f"{arch}.embedding_length"))

@@ -23,9 +23,10 @@ from engine.gguf_config import (  # noqa: F401  (the public GGUF API, importable
     dequantize_tensor,
     layout,
     plan_tensors,
+    read_metadata,
     unpermute,
 )
-from engine.gguf_file import open_gguf, read_metadata, scan_header  # noqa: F401
+from engine.gguf_mmap import read_gguf
 from engine.gguf_outdir import check_outdir, import_signals, remove_stale, replace_dir, temp_dir
 from engine.gguf_tokenizer import build_tokenizer, check_tokenizer, tokenizer_config, tokenizer_from_gguf  # noqa: F401
 
@@ -50,11 +51,10 @@ def import_gguf(path: str | Path, outdir: str | Path, force: bool = False, progr
     """
     path, outdir = Path(path), Path(outdir)
     source = str(path)
-    reader = open_gguf(path)
-    tensors = {t.name: t for t in reader.tensors}
-    cfg = config_from_gguf(reader, source)
-    plan = plan_tensors(cfg, tensors, source)
-    tokenizer, tok_config = tokenizer_from_gguf(reader, source)
+    f = read_gguf(path)
+    cfg = config_from_gguf(f, source)
+    plan = plan_tensors(cfg, f.tensors, source)
+    tokenizer, tok_config = tokenizer_from_gguf(f, source)
     check_outdir(outdir, path, force)
     remove_stale(outdir.parent)
     with import_signals():

@@ -32,6 +32,11 @@ class _Cursor:
     def __init__(self, buf: memoryview):
         self.buf, self.at = buf, 0
 
+    def need(self, n: int, what: str):
+        # every count is bounded by the bytes left before anything is allocated for it
+        if self.at + n > len(self.buf):
+            raise _Corrupt(f"{what} needs {n} bytes at offset {self.at}, past the end of the file")
+
     def take(self, fmt: str):
         v = struct.unpack_from("<" + fmt, self.buf, self.at)
         self.at += struct.calcsize("<" + fmt)
@@ -53,6 +58,7 @@ class _Cursor:
         if kind != 9:
             raise _Corrupt(f"unknown metadata value type {kind}")
         sub, n = self.take("I"), self.take("Q")
+        self.need(n * (np.dtype(_NUMPY[sub]).itemsize if sub in _NUMPY else 8), f"an array of {n} items")
         if sub in _NUMPY:
             size = np.dtype(_NUMPY[sub]).itemsize * n
             if self.at + size > len(self.buf):
@@ -62,6 +68,8 @@ class _Cursor:
             return out
         if sub == 8:
             return [self.string() for _ in range(n)]
+        if sub == 9:
+            raise _Corrupt("arrays of arrays are not supported")
         return [self.value(sub) for _ in range(n)]
 
 
@@ -86,7 +94,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
     buf = memoryview(mm)
     try:
         return _parse(path, mm, buf, size)
-    except (_Corrupt, struct.error, UnicodeDecodeError, ValueError) as e:
+    except (_Corrupt, struct.error, UnicodeDecodeError, ValueError, RecursionError) as e:
         why = f": {e}" if isinstance(e, _Corrupt) else ""
         raise GDecodeError(f"{path}: truncated or corrupt GGUF file ({size} bytes){why}") from None
 
@@ -100,20 +108,30 @@ def _parse(path: Path, mm: np.memmap, buf: memoryview, size: int) -> GGUFFile:
     if version not in (2, 3):
         raise GDecodeError(f"{path}: GGUF version {version} is not supported (supported: 2, 3)")
     n_tensors, n_kv = c.take("Q"), c.take("Q")
+    c.need(n_kv * 13, f"{n_kv} metadata entries")  # key length, value type, a one-byte value
     meta = {}
     for _ in range(n_kv):
         key = c.string()
+        if key in meta:
+            raise _Corrupt(f"metadata key {key} appears twice")
         meta[key] = c.value(c.take("I"))
+    c.need(n_tensors * 32, f"{n_tensors} tensor infos")  # name length, one dimension, type, offset
     infos = []
     for _ in range(n_tensors):
         name = c.string()
-        dims = [c.take("Q") for _ in range(c.take("I"))]
+        n_dims = c.take("I")
+        if not 1 <= n_dims <= 4:  # GGML_MAX_DIMS
+            raise _Corrupt(f"tensor {name} has {n_dims} dimensions")
+        dims = [c.take("Q") for _ in range(n_dims)]
+        if 0 in dims:
+            raise _Corrupt(f"tensor {name} has an empty dimension {dims}")
         infos.append((name, dims, c.take("I"), c.take("Q")))
     align = meta.get("general.alignment", 32)
     if not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise _Corrupt(f"general.alignment {align!r} is not a power of two")
     start = -(-c.at // align) * align
     tensors = {}
+    expected = 0  # llama.cpp's rule: tensor data in order, each at the aligned end of the one before
     for name, dims, kind, offset in infos:
         try:
             qtype = GT(kind)
@@ -126,6 +144,9 @@ def _parse(path: Path, mm: np.memmap, buf: memoryview, size: int) -> GGUFFile:
         n = math.prod(dims)
         n_bytes = n // block * type_size
         begin = start + offset
+        if offset != expected:
+            raise _Corrupt(f"tensor {name} data at offset {offset}, expected {expected} (out of order or overlapping)")
+        expected = offset + -(-n_bytes // align) * align
         if begin + n_bytes > size:
             raise GDecodeError(f"{path}: truncated GGUF file (tensor {name} runs past the end)")
         shape = tuple(reversed(dims))

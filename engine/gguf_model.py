@@ -84,11 +84,12 @@ def _weights(cfg: ModelConfig, plan: list[Entry]) -> ModelWeights:
             bqkv=fuse([t[a + "q_proj.bias"], t[a + "k_proj.bias"], t[a + "v_proj.bias"]])
             if cfg.attention_bias else None,
             wo=t[a + "o_proj.weight"],
-            q_norm=None,
-            k_norm=None,
+            q_norm=t.get(a + "q_norm.weight"),
+            k_norm=t.get(a + "k_norm.weight"),
             mlp_norm=t[p + "post_attention_layernorm.weight"],
             w_gate_up=fuse([t[m + "gate_proj.weight"], t[m + "up_proj.weight"]]),
             w_down=t[m + "down_proj.weight"],
+            bo=t.get(a + "o_proj.bias"),
         ))
     return ModelWeights(embed=embed, layers=layers, final_norm=t["model.norm.weight"],
                         lm_head=t.get("lm_head.weight", embed))

@@ -43,10 +43,10 @@ def check_outdir(outdir: Path, source: Path, force: bool) -> None:
         return
     foreign = [n for n in names if n not in WRITTEN]
     if MARKER not in names or foreign:
-        what = f"holds {foreign[0]!r}, which" if foreign else "has no import marker, so it"
+        what = f"holds {foreign[0]!r}, which" if foreign else f"has no {MARKER} marker:"
         raise GDecodeError(
-            f"{outdir} {what} import-gguf did not write; --force replaces only an empty folder or an earlier "
-            "import: move its files away or choose another OUTDIR"
+            f"{outdir} {what} import-gguf did not write it; --force replaces only an empty folder or an "
+            "earlier import: move its files away or choose another OUTDIR"
         )
 
 

@@ -7,8 +7,8 @@ from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from engine.errors import GDecodeError
-from engine.gguf_config import Metadata
-from engine.gguf_file import read_metadata
+from engine.gguf_config import Metadata, read_metadata
+from engine.gguf_mmap import GGUFFile
 from engine.gguf_spm import spm_tokenizer
 
 # llama.cpp's split regexes (llama-vocab.cpp), in the spelling of the models' own tokenizer.json
@@ -102,9 +102,10 @@ def check_tokenizer(meta: dict, source: str) -> str:
     return PRE_TOKENIZERS[pre]
 
 
-def tokenizer_from_gguf(reader: GGUFReader, source: str = "GGUF file") -> tuple[Tokenizer, dict]:
-    """The tokenizer a GGUF file describes, as a `tokenizers.Tokenizer` and the tokenizer_config.json
-    dict (special tokens, BOS/EOS flags, chat template); GDecodeError when it cannot be rebuilt."""
+def tokenizer_from_gguf(reader: GGUFFile | GGUFReader, source: str = "GGUF file") -> tuple[Tokenizer, dict]:
+    """The tokenizer a parsed GGUF file (engine.gguf_mmap.read_gguf) describes, as a `tokenizers.Tokenizer`
+    and the tokenizer_config.json dict (special tokens, BOS/EOS flags, chat template); GDecodeError when
+    it cannot be rebuilt."""
     meta = read_metadata(reader)
     tok = build_tokenizer(meta, source)
     ctx = meta.get(f"{meta.get('general.architecture')}.context_length")

@@ -12,7 +12,7 @@ from pathlib import Path
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
 from engine.loader import load_model
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, TokenLogprobs
 from engine.tokenizer import StreamDecoder
 
 DEFAULT_MODEL_NAME = "models/smollm2-135m-instruct"  # in the repository; what the help shows
@@ -70,6 +70,7 @@ class LLM:
         self.quantize, self.gguf = quantize, loaded.gguf
         self.backend = self._make_backend(backend, weights, max_context, use_graph, notice)
         self.stats = GenerationStats()
+        self.logprobs: list[TokenLogprobs] = []
 
     def _make_backend(self, backend, weights, max_context, use_graph, notice):
         if backend in ("auto", "cuda"):
@@ -112,7 +113,8 @@ class LLM:
 
     def generate(self, prompt: str, params: SamplingParams = SamplingParams(), chat: bool = False,
                  system: str | None = None) -> Iterator[str]:
-        """Yield the generated text (not the prompt) piece by piece; self.stats is filled as it goes.
+        """Yield the generated text (not the prompt) piece by piece; self.stats is filled as it goes, and
+        with params.logprobs, self.logprobs gets each generated token's TokenLogprobs.
         With chat, the prompt is one user message (after `system`, if given) in the chat template."""
         t0 = time.perf_counter()
         ids = self.encode_prompt(prompt, chat, system)
@@ -126,6 +128,7 @@ class LLM:
         if params.seed is None:
             params = replace(params, seed=secrets.randbits(63))
         self.stats = stats = GenerationStats(prompt_tokens=len(ids), stop_reason="length")
+        self.logprobs = []
         decoder = StreamDecoder(self.tokenizer, context=ids)
         stops = StopMatcher(params.stop)
         eos = self.tokenizer.eos_ids
@@ -139,6 +142,8 @@ class LLM:
                     stats.ttft = now - t0
                 stats.new_tokens += 1
                 stats.seconds = now - t_first
+                if params.logprobs is not None:
+                    self.logprobs.append(self.backend.token_logprobs)
                 if token in eos:
                     stats.stop_reason = "eos"
                     break

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from engine.config import ModelConfig
 from graphs.buffers import DecodeBuffers, DeviceWeights
-from kernels import ops
+from graphs.linear import linear, linear_rope
+from kernels import gemv_ops, ops
 from kernels.attention import ATTN_MAX_SPLITS, attn_blocks_per_sm, attn_decode
+from kernels.gemv_ops import EPI_ADD, EPI_SILU
 from kernels.launch import Launch
 from kernels.tuning import Tuning
 
@@ -47,7 +49,9 @@ def default_splits(cfg: ModelConfig, tuning: Tuning = Tuning()) -> int:
 def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: Tuning = Tuning(),
                   pdl: bool = True) -> Launches:
     """The launches of one step in order: embed, 5 per layer (6 with a per-head q/k norm), lm_head with
-    the final norm and the greedy argmax (two rows per warp), sample.
+    the final norm and the greedy argmax (two rows per warp), sample. Each projection's kernel follows
+    its matrix's format (graphs/linear.py); a matrix whose parts differ in format takes one launch per
+    part.
 
     Per layer: qkv_proj with RoPE and the K/V append in its epilogue (or qkv_proj, then rope_kv_append),
     attn with the split merge in its last block, o_proj + residual, gate_up with SiLU, down_proj +
@@ -59,7 +63,15 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: 
     eps, ctx, splits = cfg.rms_norm_eps, b.max_context, b.attn_splits
     n_qkv = cfg.q_size + 2 * cfg.kv_size
     out = Launches()
-    out.add(ops.embed(w.embed, b.state, b.x, cfg.vocab_size, h, pdl=pdl), "embed")
+    g = tuning.gemv
+
+    def add(launches, name):
+        for launch in launches:
+            out.add(launch, name)
+
+    embed = gemv_ops.embed_quant(w.embed, b.state, b.x, pdl=pdl) if gemv_ops.is_quant(w.embed) else \
+        ops.embed(w.embed, b.state, b.x, cfg.vocab_size, h, pdl=pdl)
+    out.add(embed, "embed")
     # counters: [layers, kv heads], each left zero by its attention launch
     out.counters = cp.zeros((len(w.layers), kv_heads), cp.uint32)
     cp.cuda.get_current_stream().synchronize()
@@ -67,26 +79,27 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: 
         k_cache, v_cache = b.layer_cache(i)
         layer = f"layer{i}."
         if lw.q_norm is None:
-            out.add(ops.gemv_rope(lw.wqkv, b.x, lw.attn_norm, lw.bqkv, b.qkv, b.state, b.cos, b.sin, k_cache, v_cache,
-                                  nh=nh, nkv=kv_heads, hd=hd, k=h, max_ctx=ctx, eps=eps, pdl=pdl), layer + "qkv_proj")
+            add(linear_rope(lw.wqkv, b.x, lw.attn_norm, lw.bqkv, b.qkv, b.state, b.cos, b.sin, k_cache, v_cache,
+                            nh=nh, nkv=kv_heads, hd=hd, k=h, max_ctx=ctx, eps=eps, tuning=g, pdl=pdl),
+                layer + "qkv_proj")
         else:
-            out.add(ops.gemv(lw.wqkv, b.x, b.qkv, n_qkv, h, gamma=lw.attn_norm, bias=lw.bqkv, eps=eps, pdl=pdl),
-                    layer + "qkv_proj")
+            add(linear(lw.wqkv, b.x, b.qkv, n_qkv, h, gamma=lw.attn_norm, bias=lw.bqkv, eps=eps, tuning=g, pdl=pdl),
+                layer + "qkv_proj")
             out.add(ops.rope_append(b.qkv, lw.q_norm, lw.k_norm, b.cos, b.sin, b.state, k_cache, v_cache, nh=nh,
                                     kv_heads=kv_heads, hd=hd, max_ctx=ctx, eps=eps, warps=tuning.rope_warps, pdl=pdl),
                     layer + "rope_kv_append")
         out.add(attn_decode(b.qkv, k_cache, v_cache, b.state, b.pm, b.pl, b.pacc, b.attn, out.counters[i], nh=nh,
                             kv_heads=kv_heads, hd=hd, splits=splits, max_ctx=ctx, tuning=tuning.attn, pdl=pdl),
                 layer + "attn")
-        out.add(ops.gemv(lw.wo, b.attn, b.x, h, cfg.q_size, epi=ops.EPI_ADD, pdl=pdl), layer + "o_proj")
-        out.add(ops.gemv(lw.w_gate_up, b.x, b.act, cfg.intermediate_size, h, gamma=lw.mlp_norm, epi=ops.EPI_SILU,
-                         eps=eps, pdl=pdl), layer + "gate_up")
-        out.add(ops.gemv(lw.w_down, b.act, b.x, h, cfg.intermediate_size, epi=ops.EPI_ADD, pdl=pdl),
-                layer + "down_proj")
-    out.add(ops.gemv(w.lm_head, b.x, b.logits, cfg.vocab_size, h, gamma=w.final_norm, eps=eps, amax=b.amax,
-                     pair=True, pdl=pdl), "lm_head")
-    out.add(ops.sample(b.logits, b.amax, b.state, b.prompt, b.ring_dev, b.scratch_z, b.scratch_i,
-                       vocab=cfg.vocab_size, max_ctx=ctx, pdl=pdl), "sample")
+        add(linear(lw.wo, b.attn, b.x, h, cfg.q_size, bias=lw.bo, epi=EPI_ADD, tuning=g, pdl=pdl), layer + "o_proj")
+        add(linear(lw.w_gate_up, b.x, b.act, cfg.intermediate_size, h, gamma=lw.mlp_norm, epi=EPI_SILU, eps=eps,
+                   tuning=g, pdl=pdl), layer + "gate_up")
+        add(linear(lw.w_down, b.act, b.x, h, cfg.intermediate_size, epi=EPI_ADD, tuning=g, pdl=pdl),
+            layer + "down_proj")
+    add(linear(w.lm_head, b.x, b.logits, cfg.vocab_size, h, gamma=w.final_norm, eps=eps, amax=b.amax, pair=True,
+               tuning=g, pdl=pdl), "lm_head")
+    out.add(ops.sample(b.logits, b.amax, b.state, b.prompt, b.ring_dev, b.lp_ring_dev, b.counts, b.window,
+                       b.sample_work, vocab=cfg.vocab_size, max_ctx=ctx, pdl=pdl), "sample")
     return out
 
 

@@ -3,7 +3,8 @@
 Per chunk of T tokens and per layer: RMSNorm -> fused QKV GEMM -> bias, q/k norm, RoPE and the
 K/V append -> causal flash attention over the cache -> output GEMM (+= residual) -> RMSNorm ->
 fused gate/up GEMM -> SiLU gate -> down GEMM (+= residual). The residual stream is fp32, the GEMM
-inputs bf16, the GEMMs cuBLAS on tensor cores with fp32 accumulation.
+inputs bf16, the GEMMs cuBLAS on tensor cores with fp32 accumulation. A matrix in a block format is
+dequantized into one bf16 scratch (the size of the largest matrix) right before its GEMM.
 
 The decode step then continues from the cache: `ready` prefills all but the last prompt token
 and points the device state at that one, so the captured step runs it and samples its successor.
@@ -17,8 +18,10 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError, check_tokens
-from graphs.buffers import STATE_DTYPE, DecodeBuffers, DeviceWeights
-from kernels import ops
+from graphs.buffers import DecodeBuffers, DeviceWeights
+from graphs.linear import linear
+from graphs.quant_weights import DequantGemm, dequant_scratch, is_blocks
+from kernels import gemv_ops
 from kernels import prefill_ops as pops
 from kernels.tuning import Tuning
 
@@ -63,22 +66,33 @@ class Prefill:
             self.logits = cp.zeros(cfg.vocab_size, cp.float32)
         stream.synchronize()
         eps, ctx, rw = cfg.rms_norm_eps, bufs.max_context, pt.row_warps
-        self.embed = pops.embed_rows(weights.embed, bufs.prompt, self.x, chunk=chunk, hidden=h, vocab=cfg.vocab_size)
+        if gemv_ops.is_quant(weights.embed):
+            self.embed = pops.ChunkLaunch(gemv_ops.embed_rows_quant(weights.embed, bufs.prompt, self.x, chunk=chunk))
+        else:
+            self.embed = pops.embed_rows(weights.embed, bufs.prompt, self.x, chunk=chunk, hidden=h,
+                                         vocab=cfg.vocab_size)
+        self.scratch = dequant_scratch(weights, stream)
+
+        def gemm(w, x, y, n, k, accumulate=False):
+            if self.scratch is None or not is_blocks(w):
+                return pops.Gemm(w, x, y, n, k, accumulate)
+            return DequantGemm(w, self.scratch, x, y, n, k, stream, accumulate)
+
         self.layers = []
         for i, lw in enumerate(weights.layers):
             k_cache, v_cache = bufs.layer_cache(i)
             self.layers.append(_Layer(
                 pops.rms_rows(self.x, lw.attn_norm, self.xn, chunk=chunk, hidden=h, eps=eps, warps=rw),
-                pops.Gemm(lw.wqkv, self.xn, self.qkv, n_qkv, h),
+                gemm(lw.wqkv, self.xn, self.qkv, n_qkv, h),
                 pops.rope_rows(self.qkv, lw.bqkv, lw.q_norm, lw.k_norm, bufs.cos, bufs.sin, self.q, k_cache, v_cache,
                                chunk=chunk, nh=nh, kv_heads=kv_heads, hd=hd, max_ctx=ctx, eps=eps, warps=rw),
                 pops.prefill_attn(self.q, k_cache, v_cache, self.attn, chunk=chunk, nh=nh, kv_heads=kv_heads, hd=hd,
                                   max_ctx=ctx, warps=pt.attn_warps),
-                pops.Gemm(lw.wo, self.attn, self.x, h, cfg.q_size, accumulate=True),
+                gemm(lw.wo, self.attn, self.x, h, cfg.q_size, accumulate=True),
                 pops.rms_rows(self.x, lw.mlp_norm, self.xn, chunk=chunk, hidden=h, eps=eps, warps=rw),
-                pops.Gemm(lw.w_gate_up, self.xn, self.gu, 2 * inter, h),
+                gemm(lw.w_gate_up, self.xn, self.gu, 2 * inter, h),
                 pops.silu_rows(self.gu, self.act, chunk=chunk, inter=inter),
-                pops.Gemm(lw.w_down, self.act, self.x, h, inter, accumulate=True),
+                gemm(lw.w_down, self.act, self.x, h, inter, accumulate=True),
             ))
         self._handle = pops.cublas_handle(stream)
 
@@ -105,8 +119,9 @@ class Prefill:
             if not logits:
                 return None
             row = self.x[t - 1]
-            ops.gemv(self.weights.lm_head, row, self.logits, self.cfg.vocab_size, self.cfg.hidden_size,
-                     gamma=self.weights.final_norm, eps=self.cfg.rms_norm_eps)(s)
+            for launch in linear(self.weights.lm_head, row, self.logits, self.cfg.vocab_size, self.cfg.hidden_size,
+                                 gamma=self.weights.final_norm, eps=self.cfg.rms_norm_eps):
+                launch(s)
         return self.logits
 
     def _chunk(self, pos0: int, t: int, full: bool):
@@ -136,9 +151,7 @@ class Prefill:
             raise GDecodeError(f"prefill start {start} is outside a prompt of {n} tokens")
         if n - 1 > start:
             self.run(ids[start:-1], start=start)
-        at = STATE_DTYPE.fields["token"][1]
-        assert STATE_DTYPE.fields["pos"][1] == at + 4
-        self.bufs.state[at : at + 8].set(np.array([ids[-1], n - 1], np.int32).view(np.uint8), stream=self.stream)
+        self.bufs.seek(self.stream, n - 1)
 
 
 _PREFILLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

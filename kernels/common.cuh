@@ -5,19 +5,34 @@ typedef unsigned short bf16;
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
-// per-step state the graph reads and advances; the host writes it only between requests
+// per-step state the graph reads and advances. The host writes it whole, between requests, from one
+// function (graphs/buffers.py state_record, whose STATE_DTYPE mirrors this layout); on the device only
+// the sampler writes it.
 struct DecodeState {
-    int token;         // token processed by this step
-    int pos;           // its position; the sampler advances it
-    int prompt_len;    // while pos + 1 < prompt_len the next token comes from the prompt
-    int ring_mask;     // host ring of sampled tokens has ring_mask + 1 slots
+    int token;          // token processed by this step
+    int pos;            // its position; the sampler advances it
+    int prompt_len;     // while pos + 1 < prompt_len the next token comes from the prompt
+    int ring_mask;      // the host rings of sampled tokens and log-probabilities have ring_mask + 1 slots
     unsigned long long step;  // sampling counter: tokens sampled so far
     unsigned long long seed;
     float temperature;  // 0 = greedy
     int top_k;          // 0 = off
     float top_p;        // 1 = off
-    int pad;
+    float min_p_log;    // log(min_p): keep z - max z >= it; -inf = off
+    float repeat_penalty;
+    int repeat_last_n;  // tokens of the context the repeat penalty covers; -1: all of it
+    float presence_penalty;
+    float frequency_penalty;
+    int logprobs;       // top-n log-probabilities per token; -1 = off
+    unsigned flags;     // STATE_REPEAT, STATE_COUNTS from the host; STATE_NONFINITE from the sampler
 };
+
+#define STATE_REPEAT 1u     // the repeat penalty is on
+#define STATE_COUNTS 2u     // the presence/frequency penalties are on
+#define STATE_NONFINITE 4u  // a step's logits were not finite (sticky until the next request)
+
+// the field offsets are checked against STATE_DTYPE by tests/test_state.py, which parses this struct
+static_assert(sizeof(DecodeState) == 72, "graphs/buffers.py STATE_DTYPE has 72 bytes");
 
 // under programmatic dependent launch: wait for the previous kernel's writes, then let the next
 // kernel's blocks start launching; both are no-ops in a plain launch. Code before the wait may

@@ -8,13 +8,13 @@ import math
 from kernels.launch import Launch, Module
 from kernels.tuning import Tuning
 
-EPI_STORE, EPI_ADD, EPI_SILU = 0, 1, 2
-GEMV_WARPS = 4
-GEMV_MINB = 4  # blocks per SM the register cap allows: 16 warps
-GEMV_ROWS = 4
-GEMV_WAVES = 1  # grid of GEMV_WAVES blocks per resident slot, rows striding over it; 0: a block per row group
-SAMPLE_BLOCK = 1024
-SAMPLE_CAP = 4096
+SAMPLE_BLOCK = 512
+SAMPLE_SLICE = 2048  # logits per sampler block at least: fewer, larger blocks for a small vocabulary
+SAMPLE_MAX_PER = 8  # logits per sampler thread at most (registers)
+SAMPLE_MAX_BLOCKS = 128  # the merges gather every block's lists into shared memory
+SAMPLE_MAX_RECORDS = 64  # records kept per block and overall
+SAMPLE_MAX_LOGPROBS = 20  # log-probabilities per token at most (engine/sampling.py MAX_LOGPROBS)
+SAMPLE_LP_WORDS = 44  # int32 words of one log-probability ring slot: token, logprob, n, (id, logprob) x MAX_LOGPROBS
 
 
 @functools.cache
@@ -28,76 +28,6 @@ def sm_count() -> int:
     from kernels.cuda import device_attribute
 
     return device_attribute("MULTIPROCESSOR_COUNT")
-
-
-def gemv_splitk(n_out: int, k: int, rows: int = 1) -> int:
-    """Warps per output row: enough warps to keep every SM streaming, each with >= 4 loads per row."""
-    target = 48 * sm_count()
-    s = 1
-    while s < GEMV_WARPS and n_out * s < target and k // (8 * 32 * 2 * s) >= 4:
-        s *= 2
-    return s
-
-
-def gemv_rows(n_out: int, k: int, epi: int, splitk: int) -> int:
-    """Rows per warp: GEMV_ROWS for many short rows (a small model's lm_head), else 1."""
-    short_rows = epi == EPI_STORE and splitk == 1 and k <= 1024
-    return GEMV_ROWS if short_rows and n_out >= 8 * 48 * sm_count() else 1
-
-
-def gemv_grid(groups: int, minb: int, blocks: int | None = None) -> int:
-    """Blocks for `groups` blocks' worth of rows: at most `blocks` (default GEMV_WAVES per resident
-    slot); rows stride over the grid."""
-    if blocks is None:
-        if not GEMV_WAVES:
-            return groups
-        blocks = GEMV_WAVES * minb * sm_count()
-    return max(1, min(groups, blocks))
-
-
-def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: int = EPI_STORE, eps: float = 0.0,
-         amax=None, splitk: int | None = None, minb: int | None = None, rows: int | None = None,
-         blocks: int | None = None, pair: bool = False, pdl: bool = False) -> Launch:
-    """y[n_out] (=, += or silu-gated) W x with W [rows, k] bf16; gamma fuses the RMSNorm of x.
-
-    amax (a uint64 device word, EPI_STORE only) also receives the packed argmax of y.
-    rows > 1 (EPI_STORE, splitk 1) gives each warp that many consecutive rows.
-    blocks caps the grid (rows stride over it; rows == 1 only).
-    pair (EPI_STORE or EPI_ADD, rows == 1, n_out even; else ignored): each warp streams rows r and
-    r + n_out / 2 at once, so each x load serves two weights (worth it for a large lm_head).
-    """
-    if rows is None:
-        rows = gemv_rows(n_out, k, epi, splitk or gemv_splitk(n_out, k))
-    pair = pair and rows == 1 and epi != EPI_SILU and n_out % 2 == 0
-    if splitk is None:
-        splitk = gemv_splitk(n_out // 2 if pair else n_out, k)
-    minb = minb or GEMV_MINB
-    mod = module("gemv", K=k, EPI=epi, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
-                 MINB=minb, ARGMAX=int(amax is not None), WARPS=GEMV_WARPS, NR=rows, PAIR=int(pair))
-    grid = math.ceil(n_out // (2 if pair else 1) / (GEMV_WARPS // splitk * rows))
-    if rows == 1:
-        grid = gemv_grid(grid, minb, blocks)
-    return mod.function("gemv", "PPPPPifP").prepare(grid, GEMV_WARPS * 32,
-                                                     [w, x, gamma, bias, y, n_out, eps, amax], pdl=pdl)
-
-
-def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
-              max_ctx: int, eps: float, splitk: int | None = None, blocks: int | None = None,
-              pdl: bool = False) -> Launch:
-    """The QKV projection with RoPE and the K/V append fused into its epilogue (no per-head norm).
-
-    y [(nh + 2 nkv) hd] gets q and k rotated at the state's position and v; k and v also go to the
-    cache row min(pos, max_ctx - 1) as bf16.
-    """
-    n_pairs = (nh + 2 * nkv) * hd // 2
-    if splitk is None:
-        splitk = gemv_splitk(n_pairs, k)
-    mod = module("gemv", K=k, EPI=3, NORM=int(gamma is not None), BIAS=int(bias is not None), SPLITK=splitk,
-                 MINB=GEMV_MINB, HD=hd, WARPS=GEMV_WARPS)
-    grid = gemv_grid(math.ceil(n_pairs / (GEMV_WARPS // splitk)), GEMV_MINB, blocks)
-    return mod.function("gemv_rope", "PPPPPifPPPPPiii").prepare(
-        grid, GEMV_WARPS * 32, [w, x, gamma, bias, y, n_pairs, eps, state, cos, sin, k_cache, v_cache, nh, nkv,
-                                max_ctx], pdl=pdl)
 
 
 EMBED_BLOCK = 256
@@ -121,11 +51,50 @@ def rope_append(qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, *, nh: i
         [qkv, q_norm, k_norm, cos, sin, state, k_cache, v_cache, nh, kv_heads, max_ctx, eps], pdl=pdl)
 
 
-def sample(logits, amax, state, prompt, ring, scratch_z, scratch_i, *, vocab: int, max_ctx: int,
+def sample_shape(vocab: int, sms: int) -> tuple[int, int]:
+    """(blocks, logits per thread) of the sampler: a block per SAMPLE_SLICE logits, at most one per SM
+    (its grid barrier needs every block resident at once)."""
+    grid = max(1, min(math.ceil(vocab / SAMPLE_SLICE), sms, SAMPLE_MAX_BLOCKS))
+    per = math.ceil(vocab / (grid * SAMPLE_BLOCK))
+    if per > SAMPLE_MAX_PER:
+        raise ValueError(f"a vocabulary of {vocab} needs more than {SAMPLE_MAX_PER} logits per sampler thread")
+    return grid, per
+
+
+def sample_work_words(grid: int) -> int:
+    """uint64 words of the sampler's scratch (kernels/sample.cu's layout: a header, two [MAX_RECORDS + 1]
+    accumulators, then per block its record count, MAX_RECORDS record keys and z keys, and MAX_LOGPROBS
+    raw keys)."""
+    return 8 + 2 * (SAMPLE_MAX_RECORDS + 1) + grid * (1 + 2 * SAMPLE_MAX_RECORDS + SAMPLE_MAX_LOGPROBS)
+
+
+def sample(logits, amax, state, tokens, ring, lp_ring, counts, window, work, *, vocab: int, max_ctx: int,
            pdl: bool = False) -> Launch:
-    mod = module("sample", BLOCK=SAMPLE_BLOCK, CAP=SAMPLE_CAP)
-    return mod.function("sample", "PPPPPPPii").prepare(
-        1, SAMPLE_BLOCK, [logits, amax, state, prompt, ring, scratch_z, scratch_i, vocab, max_ctx], pdl=pdl)
+    """Pick the next token (engine/sampling.py's rule), advance the state and write the host rings.
+
+    tokens [max_ctx] int32: the context, the sampler appends to it; ring [R] and lp_ring [R, SAMPLE_LP_WORDS]
+    int32: host-mapped rings (device addresses); counts, window [vocab] int32: penalty counts;
+    work: uint64 [sample_work_words(grid)], zero before the first launch.
+    """
+    grid, per = sample_shape(vocab, sm_count())
+    mod = module("sample", BLOCK=SAMPLE_BLOCK, PER_THREAD=per, BLOCKS=grid, MAX_RECORDS=SAMPLE_MAX_RECORDS,
+                 MAX_LOGPROBS=SAMPLE_MAX_LOGPROBS, LP_WORDS=SAMPLE_LP_WORDS, WORK_WORDS=sample_work_words(grid))
+    return mod.function("sample", "PPPPPPPPPii").prepare(
+        grid, SAMPLE_BLOCK, [logits, amax, state, tokens, ring, lp_ring, counts, window, work, vocab, max_ctx],
+        pdl=pdl)
+
+
+_GEMV_NAMES = ("gemv", "gemv_rope", "Epilogue", "EPI_STORE", "EPI_ADD", "EPI_SILU", "EPI_GATE", "QuantWeight",
+               "GEMV_WARPS")
+
+
+def __getattr__(name):
+    # the GEMV builders live in kernels/gemv_ops.py (which imports this module: resolved lazily)
+    if name in _GEMV_NAMES:
+        from kernels import gemv_ops
+
+        return getattr(gemv_ops, name)
+    raise AttributeError(f"module 'kernels.ops' has no attribute {name!r}")
 
 
 def _fill(name: str, out, seed: int, scale: float, offset: float, stream=None):

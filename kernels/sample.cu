@@ -1,18 +1,40 @@
-// Picks the next token on the device and advances the decode state, one block.
-// While pos + 1 < prompt_len the next token is the prompt's (prefill by replay). Otherwise greedy
-// argmax (lowest index on ties) at temperature 0, else z = logits / T, top-k, top-p, Gumbel-max with
-// the counter-based RNG, as engine/sampling.py defines them. Thresholds are found by bisection on
-// order-preserving float keys over the candidates z >= max - CUT, compacted in index order into
-// shared memory (or the global scratch when there are more than CAP): with 24-bit uniforms the
-// Gumbel noise spans less than 21, so nothing below the cut can win. When more than CAP pass the
-// cut and top-k keeps at most CAP, a radix select finds the top-k threshold in three passes and
-// only the values at or above it are compacted, so the bisections run over few candidates.
-// budget: sample=64
-// defines: BLOCK=1024 CAP=4096
+// Picks the next token on the device and advances the decode state: BLOCKS blocks of BLOCK threads, block
+// b over logits [b * SLICE, (b + 1) * SLICE), PER_THREAD per thread. The rule is engine/sampling.py's, bit for
+// bit: penalties, then greedy or z = l / T; the "records" (the Gumbel winner over all tokens, then over
+// the tokens above its z, ...) are found per block and merged after a grid barrier; every block then
+// counts the tokens and integer masses above each record's z; the last block to finish takes the
+// first record that top-k, top-p and min-p keep. No sort, and the cost hardly depends on the filters.
+// Sums are integers (exact in any order) and exp/log use correctly rounded float operations only, so
+// the numpy sampler draws the same tokens.
+// The grid barrier needs all BLOCKS blocks resident at once (BLOCKS <= the SM count; see ops.sample).
+// budget: sample=72
+// defines: BLOCK=512 PER_THREAD=4 BLOCKS=75 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=11313
 #include "reduce.cuh"
 
-#define CUT 24.0f
-#define NO_CUT 0x7fffffff
+#define SLICE (BLOCK * PER_THREAD)
+#define POOL_PER 6                  // gathered entries per thread in the merges
+#define POOL (POOL_PER * BLOCK)
+#define CUT 24.0f                   // engine/sampling.py CUT
+#define MASS_FLOOR (-28.0f)         // engine/sampling.py MASS_FLOOR
+#define MASS_SCALE 0x1p40f          // 2^MASS_BITS
+
+// work: uint64 words, zero before the first launch; each launch leaves the accumulators zero
+#define W_ARRIVE 0                  // grid barrier tickets (grow by BLOCKS per barrier)
+#define W_DONE 1                    // finished blocks (grow by BLOCKS per launch)
+#define W_GREEDY 2                  // packed argmax of the penalized logits
+#define W_RAW 3                     // mass of the raw logits (log-probabilities)
+#define W_BAD 4                     // nonzero: a logit was not finite
+#define W_COUNT 8                   // [MAX_RECORDS + 1] tokens above threshold j (j = 0: all)
+#define W_MASS (W_COUNT + MAX_RECORDS + 1) // [MAX_RECORDS + 1] their mass
+#define W_BLOCKS (W_MASS + MAX_RECORDS + 1)
+#define B_NREC 0                    // per block: record count, record keys, record z keys, top raw keys
+#define B_REC 1
+#define B_RZ (1 + MAX_RECORDS)
+#define B_TOP (1 + 2 * MAX_RECORDS)
+#define BLOCK_WORDS (1 + 2 * MAX_RECORDS + MAX_LOGPROBS)
+static_assert(W_BLOCKS + BLOCKS * BLOCK_WORDS == WORK_WORDS, "ops.sample_work_words disagrees with the layout");
+static_assert(BLOCKS * MAX_LOGPROBS <= POOL, "the top-n merge gathers every block's list");
+static_assert(3 + 2 * MAX_LOGPROBS <= LP_WORDS, "a log-probability slot holds the token, its logprob, n and the top n");
 
 __device__ __forceinline__ float rng_u(unsigned long long seed, unsigned long long step, unsigned long long i) {
     unsigned long long x = seed * 0x9E3779B97F4A7C15ull + step * 0xD1B54A32D192ED03ull + i;
@@ -24,251 +46,429 @@ __device__ __forceinline__ float rng_u(unsigned long long seed, unsigned long lo
     return fminf(__fadd_rn((float)(x >> 40), 0.5f) * 0x1p-24f, 0x1.fffffep-1f);
 }
 
-__device__ __forceinline__ float log_rn(float x) { return (float)log((double)x); }
-
-__device__ int count_ge(const float* z, int n, unsigned t, Scratch& s) {
-    int c = 0;
-#pragma unroll 4
-    for (int j = threadIdx.x; j < n; j += BLOCK) c += key_of(z[j]) >= t;
-    return block_sum_int(c, s);
+// engine/sampling.py exp_f32 (x in [MASS_FLOOR, 0]) and log_f32 (normal x > 0): the same operations in
+// the same order, none fused
+__device__ __forceinline__ float exp_f32(float x) {
+    const float k = rintf(__fmul_rn(x, 0x1.715476p+0f));
+    float r = __fsub_rn(x, __fmul_rn(k, 0x1.63p-1f));
+    r = __fsub_rn(r, __fmul_rn(k, -0x1.bd0106p-13f));
+    float p = 0x1.a0d2cep-13f;
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.6e879cp-10f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.111210p-7f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555382p-5f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555554p-3f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1p-1f);
+    float y = __fmul_rn(p, __fmul_rn(r, r));
+    y = __fadd_rn(y, r);
+    y = __fadd_rn(y, 1.0f);
+    return __fmul_rn(y, __int_as_float(((int)k + 127) << 23));
 }
 
-__device__ float mass_ge(const float* z, int n, unsigned t, float m, Scratch& s) {
-    float a = 0.f;
-#pragma unroll 4
-    for (int j = threadIdx.x; j < n; j += BLOCK)
-        if (key_of(z[j]) >= t) a += expf(z[j] - m);
-    return block_sum(a, s);
-}
-
-// ties at key t with index <= c
-__device__ int count_tied(const float* z, const int* idx, int n, unsigned t, int c, Scratch& s) {
-    int k = 0;
-#pragma unroll 4
-    for (int j = threadIdx.x; j < n; j += BLOCK) k += key_of(z[j]) == t && idx[j] <= c;
-    return block_sum_int(k, s);
-}
-
-// the key of the k-th largest of z[0, n) (the largest t with #{key_of(z) >= t} >= k), 1 <= k <= n:
-// radix select on 11, 11 and 10 key bits, a histogram per pass with warp-aggregated atomics
-__device__ unsigned select_key(const float* z, int n, int k, int* hist, Scratch& s) {
-    __shared__ int pick_bin, pick_above;
-    unsigned prefix = 0, mask = 0;
-    int need = k;
-#pragma unroll
-    for (int pass = 0; pass < 3; ++pass) {
-        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
-        const int bins = pass == 2 ? 1024 : 2048;
-        for (int b = threadIdx.x; b < 2048; b += BLOCK) hist[b] = 0;
-        __syncthreads();
-        for (int base = 0; base < n; base += BLOCK) {
-            const int j = base + threadIdx.x;
-            const unsigned key = j < n ? key_of(z[j]) : 0u;
-            const bool in = j < n && (key & mask) == prefix;
-            const unsigned bin = in ? (key >> shift) & (unsigned)(bins - 1) : 0xffffffffu;
-            const unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (in && (int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(hist + bin, __popc(peers));
-        }
-        __syncthreads();
-        // bins from the top, two per thread: the one where the count from the top reaches need
-        const int r = 2 * threadIdx.x;
-        const int c0 = r < bins ? hist[bins - 1 - r] : 0;
-        const int c1 = r + 1 < bins ? hist[bins - 2 - r] : 0;
-        int total;
-        const int before = block_scan(c0 + c1, &total, s);
-        if (before < need && need <= before + c0) {
-            pick_bin = bins - 1 - r;
-            pick_above = before;
-        } else if (before + c0 < need && need <= before + c0 + c1) {
-            pick_bin = bins - 2 - r;
-            pick_above = before + c0;
-        }
-        __syncthreads();
-        prefix |= (unsigned)pick_bin << shift;
-        mask |= (unsigned)(bins - 1) << shift;
-        need -= pick_above;
-        __syncthreads();
+__device__ __forceinline__ float log_f32(float x) {
+    const unsigned b = __float_as_uint(x);
+    int e = (int)(b >> 23) - 127;
+    float f = __uint_as_float((b & 0x7fffffu) | 0x3f800000u);
+    if (f > 0x1.6a09e6p+0f) {
+        f = __fmul_rn(f, 0.5f);
+        e += 1;
     }
-    return prefix;
+    const float ef = (float)e;
+    const float t = __fsub_rn(f, 1.0f);
+    const float z = __fmul_rn(t, t);
+    float p = 0x1.204376p-4f;
+    p = __fadd_rn(__fmul_rn(p, t), -0x1.d7a370p-4f);
+    p = __fadd_rn(__fmul_rn(p, t), 0x1.de4a34p-4f);
+    p = __fadd_rn(__fmul_rn(p, t), -0x1.fcba9ep-4f);
+    p = __fadd_rn(__fmul_rn(p, t), 0x1.23d37ep-3f);
+    p = __fadd_rn(__fmul_rn(p, t), -0x1.555ca0p-3f);
+    p = __fadd_rn(__fmul_rn(p, t), 0x1.999d58p-3f);
+    p = __fadd_rn(__fmul_rn(p, t), -0x1.fffff8p-3f);
+    p = __fadd_rn(__fmul_rn(p, t), 0x1.555554p-2f);
+    float y = __fmul_rn(t, __fmul_rn(z, p));
+    y = __fadd_rn(y, __fmul_rn(ef, -0x1.bd0106p-13f));
+    y = __fsub_rn(y, __fmul_rn(0.5f, z));
+    const float r = __fadd_rn(t, y);
+    return __fadd_rn(r, __fmul_rn(ef, 0x1.63p-1f));
 }
 
-// z[j], idx[j] with key_of(z[j]) >= t, in order, into out_z, out_i; returns how many
-__device__ int compact_ge(const float* z, const int* idx, int n, unsigned t, float* out_z, int* out_i, Scratch& s) {
-    int done = 0;
-    for (int base = 0; base < n; base += 4 * BLOCK) {
-        float v[4];
-        int id[4], k = 0;
+// floor(exp_f32(x) * 2^40); 0 below MASS_FLOOR
+__device__ __forceinline__ unsigned long long mass_q(float x) {
+    return x < MASS_FLOOR ? 0ull : __float2ull_rz(__fmul_rn(exp_f32(x), MASS_SCALE));
+}
+
+__device__ __forceinline__ unsigned block_max_u32(unsigned v, Scratch& s) {
+    v = __reduce_max_sync(0xffffffffu, v);
+    if ((threadIdx.x & 31) == 0) s.i[threadIdx.x >> 5] = (int)v;
+    __syncthreads();
+    unsigned r = 0;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int j = base + 4 * threadIdx.x + e;
-            v[e] = j < n ? z[j] : NEG_INF;
-            id[e] = j < n ? idx[j] : 0;
-            k += j < n && key_of(v[e]) >= t;
-        }
-        int total;
-        int at = done + block_scan(k, &total, s);
+    for (int w = 0; w < BLOCK_WARPS; ++w) r = max(r, (unsigned)s.i[w]);
+    __syncthreads();
+    return r;
+}
+
+// the record key of a Gumbel score: the larger score wins, then the lower index
+__device__ __forceinline__ unsigned long long score_key(float s, int i) { return argmax_key(s, i); }
+
+__device__ __forceinline__ int key_index(unsigned long long k) { return (int)(0xffffffffu - (unsigned)k); }
+
+// exact sum over the block of values below 2^44, in 22-bit halves (REDUX sums 32-bit lanes)
+__device__ __forceinline__ void warp_add_u64(unsigned long long v, unsigned long long* to) {
+    const unsigned lo = __reduce_add_sync(0xffffffffu, (unsigned)(v & 0x3fffffull));
+    const unsigned hi = __reduce_add_sync(0xffffffffu, (unsigned)(v >> 22));
+    if ((threadIdx.x & 31) == 0) atomicAdd(to, ((unsigned long long)hi << 22) + lo);
+}
+
+// double-buffered per-warp bests of a round: one barrier per round
+struct Rounds {
+    unsigned long long k[2][BLOCK_WARPS];
+    unsigned z[2][BLOCK_WARPS];
+};
+
+// the block's largest k (0 if none) and the z that came with it, on every thread
+__device__ __forceinline__ void block_best(unsigned long long& k, unsigned& z, Rounds& rs, int round) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, buf = round & 1;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int j = base + 4 * threadIdx.x + e;
-            if (j < n && key_of(v[e]) >= t) {
-                out_z[at] = v[e];
-                out_i[at] = id[e];
-                ++at;
-            }
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long k2 = __shfl_xor_sync(0xffffffffu, k, o);
+        const unsigned z2 = __shfl_xor_sync(0xffffffffu, z, o);
+        if (k2 > k) {
+            k = k2;
+            z = z2;
         }
-        done += total;
+    }
+    if (lane == 0) {
+        rs.k[buf][warp] = k;
+        rs.z[buf][warp] = z;
     }
     __syncthreads();
-    return done;
+    k = 0;
+    z = 0;
+#pragma unroll
+    for (int w = 0; w < BLOCK_WARPS; ++w) {
+        if (rs.k[buf][w] > k) {
+            k = rs.k[buf][w];
+            z = rs.z[buf][w];
+        }
+    }
 }
 
-// lmax: the largest logit (division by temp > 0 keeps the order and rounds monotonically)
-__device__ int draw(const float* __restrict__ logits, const DecodeState* st, float temp, float lmax, float* cz,
-                    int* ci, float* gz, int* gi, int* hist, int vocab, Scratch& s) {
-    const float m = __fdiv_rn(lmax, temp);
-    const float cut = m - CUT;
-    int c = 0;
-    float sa = 0.f;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < vocab; i += BLOCK) {
-        const float zi = __fdiv_rn(logits[i], temp);
-        c += zi >= cut;
-        sa += expf(zi - m);
-    }
-    int n = block_sum_int(c, s);
-    const float s_all = block_sum(sa, s);
-    float* z = n <= CAP ? cz : gz;
-    int* idx = n <= CAP ? ci : gi;
-
-    // compaction in index order: each tile gives thread t the 4 elements from 4t
-    int done = 0;
-    for (int base = 0; base < vocab; base += 4 * BLOCK) {
-        float v[4];
-        int k = 0;
+// the records over the block's (zk, rk) pairs (zk 0: no entry): the largest rk, then the largest rk
+// with zk above the last record's, until none is left or MAX_RECORDS are found. Thread 0 writes them to
+// out_k / out_z (zk ascending); returns their count on every thread.
+template <int N>
+__device__ int find_records(const unsigned (&zk)[N], const unsigned long long (&rk)[N], unsigned long long* out_k,
+                            unsigned* out_z, Rounds& rs) {
+    unsigned low = 0;
+    int n = 0;
+    for (; n < MAX_RECORDS; ++n) {
+        unsigned long long k = 0;
+        unsigned z = 0;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = base + 4 * threadIdx.x + e;
-            v[e] = i < vocab ? __fdiv_rn(logits[i], temp) : NEG_INF;
-            k += i < vocab && v[e] >= cut;
-        }
-        int total;
-        int at = done + block_scan(k, &total, s);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = base + 4 * threadIdx.x + e;
-            if (i < vocab && v[e] >= cut) {
-                z[at] = v[e];
-                idx[at] = i;
-                ++at;
+        for (int e = 0; e < N; ++e) {
+            if (zk[e] > low && rk[e] > k) {
+                k = rk[e];
+                z = zk[e];
             }
         }
-        done += total;
+        block_best(k, z, rs, n);
+        if (k == 0) break;
+        if (threadIdx.x == 0) {
+            out_k[n] = k;
+            out_z[n] = z;
+        }
+        low = z;
     }
     __syncthreads();
-
-    const unsigned kmax = key_of(m);
-    unsigned tk = key_of(cut);
-    float sk = s_all;
-    const int top_k = st->top_k;
-    bool selected = false;
-    if (n > CAP && top_k > 0 && top_k <= CAP) {
-        // too many candidates for shared memory, but top-k keeps few: find its threshold directly,
-        // and keep only z >= it when they fit
-        tk = select_key(z, n, top_k, hist, s);
-        const int kept = count_ge(z, n, tk, s);
-        if (kept <= CAP) {
-            n = compact_ge(z, idx, n, tk, cz, ci, s);
-            z = cz;
-            idx = ci;
-        }
-        selected = true;
-    }
-    if (top_k > 0 && top_k < vocab) {
-        if (n >= top_k && !selected) {
-            unsigned lo = tk, hi = kmax;
-            while (lo < hi) {
-                const unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1) >> 1);
-                if (count_ge(z, n, mid, s) >= top_k) lo = mid;
-                else hi = mid - 1;
-            }
-            tk = lo;
-        }
-        sk = mass_ge(z, n, tk, m, s);
-    }
-
-    unsigned tp = 0;
-    int icut = NO_CUT;
-    const float top_p = st->top_p;
-    if (top_p < 1.f) {
-        const float target = top_p * sk;
-        if (count_ge(z, n, tk, s) > 1 && mass_ge(z, n, tk, m, s) >= target) {
-            unsigned lo = tk, hi = kmax;
-            while (lo < hi) {
-                const unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1) >> 1);
-                if (mass_ge(z, n, mid, m, s) >= target) lo = mid;
-                else hi = mid - 1;
-            }
-            tp = lo;
-            const int ties = count_tied(z, idx, n, tp, vocab, s);
-            if (ties > 1) {
-                // the prefix ends inside the tie group: keep its lowest indices first
-                const float above = mass_ge(z, n, tp + 1, m, s);
-                const float e = expf(val_of(tp) - m);
-                const int need = min(max((int)ceilf((target - above) / e), 1), ties);
-                int a = 0, b = vocab - 1;
-                while (a < b) {
-                    const int mid = (a + b) >> 1;
-                    if (count_tied(z, idx, n, tp, mid, s) >= need) b = mid;
-                    else a = mid + 1;
-                }
-                icut = a;
-            }
-        }
-    }
-
-    const unsigned long long seed = st->seed, step = st->step;
-    float best = NEG_INF;
-    int bi = NO_CUT;
-    for (int j = threadIdx.x; j < n; j += BLOCK) {
-        const unsigned k = key_of(z[j]);
-        if (k < tk || k < tp || (k == tp && idx[j] > icut)) continue;
-        const float g = z[j] - log_rn(-log_rn(rng_u(seed, step, (unsigned long long)idx[j])));
-        better(best, bi, g, idx[j]);
-    }
-    return block_argmax(best, bi, s);
+    return n;
 }
 
-// logits: [vocab] f32; amax: argmax_key of the logits, folded in by the lm_head GEMV, reset here;
-// prompt: [max_ctx]; ring: host-mapped [ring_mask + 1]; scratch_z, scratch_i: [vocab], used when
-// more than CAP candidates pass the cut
-extern "C" __global__ void __launch_bounds__(BLOCK)
-sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* st, const int* __restrict__ prompt,
-       int* ring, float* scratch_z, int* scratch_i, int vocab, int max_ctx)
-{
-    __shared__ Scratch s;
-    __shared__ float cz[CAP];
-    __shared__ int ci[CAP];
-    __shared__ int hist[2048];
-    pdl_enter();
-    const int pos = st->pos;
-    const float temp = st->temperature;
-    const bool in_prompt = pos + 1 < st->prompt_len;
-    const unsigned long long best = *amax;
-    int next;
-    if (in_prompt) {
-        next = prompt[pos + 1];
-    } else if (!(temp > 0.f)) {
-        next = best ? (int)(0xffffffffu - (unsigned)best) : 0;
-    } else {
-        next = draw(logits, st, temp, val_of((unsigned)(best >> 32)), cz, ci, scratch_z, scratch_i, hist, vocab, s);
+// the n largest keys (distinct; 0 = no entry) in descending order; thread 0 writes them (0 past the end)
+template <int N>
+__device__ void find_top(const unsigned long long (&rk)[N], int n, unsigned long long* out, Rounds& rs) {
+    unsigned long long below = ~0ull;
+    for (int j = 0; j < n; ++j) {
+        unsigned long long k = 0;
+        unsigned z = 0;
+#pragma unroll
+        for (int e = 0; e < N; ++e)
+            if (rk[e] < below && rk[e] > k) k = rk[e];
+        block_best(k, z, rs, j);
+        if (threadIdx.x == 0) out[j] = k;
+        below = k;
     }
-    next = min(max(next, 0), vocab - 1);
+    __syncthreads();
+}
+
+__device__ __forceinline__ void grid_sync(unsigned long long* arrive) {
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned long long ticket = atomicAdd(arrive, 1ull);
+        const unsigned long long target = (ticket / BLOCKS + 1) * BLOCKS;
+        while (*(volatile unsigned long long*)arrive < target) __nanosleep(32);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// logits: [vocab] f32; amax: argmax_key of the logits from the lm_head GEMV (reset here); tokens:
+// [max_ctx] the context (the prompt; the sampler appends); ring: host-mapped [ring_mask + 1] next
+// tokens (-1: the logits were not finite); lp_ring: host-mapped [ring_mask + 1][LP_WORDS] token,
+// logprob, n, (id, logprob) x n; counts, window: [vocab] generated-token counts and tokens in the
+// repeat window; work: [WORK_WORDS] scratch (see above)
+extern "C" __global__ void __launch_bounds__(BLOCK)
+sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* st, int* tokens, int* ring,
+       int* lp_ring, int* counts, int* window, unsigned long long* work, int vocab, int max_ctx)
+{
+    __shared__ Rounds rs;
+    __shared__ unsigned long long rec_k[MAX_RECORDS], top_keys[MAX_LOGPROBS];
+    __shared__ unsigned rec_z[MAX_RECORDS];
+    __shared__ unsigned long long above_mass[MAX_RECORDS + 1];
+    __shared__ unsigned above_count[MAX_RECORDS + 1];
+    __shared__ int pool_at[BLOCKS];
+    __shared__ int is_last;
+    __shared__ Scratch sc;
+    pdl_enter();
+    const DecodeState S = *st;
+    const unsigned long long raw_best = *amax;
+    const int pos = S.pos, tid = threadIdx.x;
+    const bool in_prompt = pos + 1 < S.prompt_len;
+    const bool greedy = !(S.temperature > 0.f);
+    const bool repeat = S.flags & STATE_REPEAT, counted = S.flags & STATE_COUNTS;
+    const bool want_lp = S.logprobs >= 0 && !in_prompt;
+    const int base = blockIdx.x * SLICE;
+    unsigned long long* mine = work + W_BLOCKS + blockIdx.x * BLOCK_WORDS;
+    const float raw_max = val_of((unsigned)(raw_best >> 32));
+    int n_rec = 0;
+    float m = 0.f;
+
+    if (!in_prompt) {
+        float v[PER_THREAD];
+        bool bad = false;
+#pragma unroll
+        for (int e = 0; e < PER_THREAD; ++e) {
+            const int i = base + e * BLOCK + tid;
+            float x = NEG_INF;
+            if (i < vocab) {
+                x = logits[i];
+                if (repeat && window[i] > 0) x = x > 0.f ? __fdiv_rn(x, S.repeat_penalty) : __fmul_rn(x, S.repeat_penalty);
+                if (counted) {
+                    const int c = counts[i];
+                    if (c > 0) x = __fsub_rn(x, __fadd_rn(S.presence_penalty, __fmul_rn(S.frequency_penalty, (float)c)));
+                }
+                if (!greedy) x = __fdiv_rn(x, S.temperature);
+                bad |= !isfinite(x);
+            }
+            v[e] = x;
+        }
+        if (__syncthreads_or(bad) && tid == 0) atomicOr(work + W_BAD, 1ull);
+
+        if (want_lp) {
+            // the raw logits: their mass against the lm_head's max, and this block's MAX_LOGPROBS largest
+            unsigned long long q = 0, rk[PER_THREAD];
+#pragma unroll
+            for (int e = 0; e < PER_THREAD; ++e) {
+                const int i = base + e * BLOCK + tid;
+                rk[e] = 0;
+                if (i < vocab) {
+                    const float x = logits[i];
+                    q += mass_q(__fsub_rn(x, raw_max));
+                    rk[e] = argmax_key(x, i);
+                }
+            }
+            warp_add_u64(q, work + W_RAW);
+            find_top<PER_THREAD>(rk, MAX_LOGPROBS, top_keys, rs);
+            if (tid < MAX_LOGPROBS) mine[B_TOP + tid] = top_keys[tid];
+        }
+
+        if (greedy) {
+            if (repeat || counted) {
+                unsigned long long k = 0;
+                unsigned z = 0;
+#pragma unroll
+                for (int e = 0; e < PER_THREAD; ++e) {
+                    const int i = base + e * BLOCK + tid;
+                    if (i < vocab) k = max(k, argmax_key(v[e], i));
+                }
+                block_best(k, z, rs, 0);
+                if (tid == 0) atomicMax(work + W_GREEDY, k);
+            }
+        } else {
+            // this block's records over its candidates (nothing 24 below the block's best can win)
+            unsigned zk[PER_THREAD];
+            unsigned long long rk[PER_THREAD];
+            unsigned top = 0;
+#pragma unroll
+            for (int e = 0; e < PER_THREAD; ++e) {
+                const int i = base + e * BLOCK + tid;
+                zk[e] = i < vocab ? key_of(v[e]) : 0u;
+                top = max(top, zk[e]);
+            }
+            const float m_block = val_of(block_max_u32(top, sc));
+#pragma unroll
+            for (int e = 0; e < PER_THREAD; ++e) {
+                const int i = base + e * BLOCK + tid;
+                rk[e] = 0;
+                if (zk[e] && v[e] >= m_block - CUT) {
+                    const float g = log_f32(-log_f32(rng_u(S.seed, S.step, (unsigned long long)i)));
+                    rk[e] = score_key(__fsub_rn(v[e], g), i);
+                }
+            }
+            const int n = find_records<PER_THREAD>(zk, rk, rec_k, rec_z, rs);
+            if (tid < n) {
+                mine[B_REC + tid] = rec_k[tid];
+                mine[B_RZ + tid] = rec_z[tid];
+            }
+            if (tid == 0) mine[B_NREC] = n;
+            grid_sync(work + W_ARRIVE);
+
+            // every block merges every block's records into the same overall records
+            int pooled;
+            const int listed = tid < BLOCKS ? (int)__ldcg(work + W_BLOCKS + tid * BLOCK_WORDS + B_NREC) : 0;
+            const int at = block_scan(listed, &pooled, sc);
+            if (tid < BLOCKS) pool_at[tid] = at;
+            __syncthreads();
+            pooled = min(pooled, POOL);
+            unsigned pz[POOL_PER];
+            unsigned long long pk[POOL_PER];
+#pragma unroll
+            for (int e = 0; e < POOL_PER; ++e) {
+                const int j = e * BLOCK + tid;
+                pz[e] = 0;
+                pk[e] = 0;
+                if (j < pooled) {
+                    int lo = 0, hi = BLOCKS - 1;  // the block b with pool_at[b] <= j < pool_at[b + 1]
+                    while (lo < hi) {
+                        const int mid = (lo + hi + 1) >> 1;
+                        if (pool_at[mid] <= j) lo = mid;
+                        else hi = mid - 1;
+                    }
+                    const unsigned long long* from = work + W_BLOCKS + lo * BLOCK_WORDS;
+                    pk[e] = __ldcg(from + B_REC + (j - pool_at[lo]));
+                    pz[e] = (unsigned)__ldcg(from + B_RZ + (j - pool_at[lo]));
+                }
+            }
+            n_rec = find_records<POOL_PER>(pz, pk, rec_k, rec_z, rs);
+            m = n_rec ? val_of(rec_z[n_rec - 1]) : 0.f;  // the last record holds the largest z
+
+            // tokens and masses above each record's z (threshold 0: every token)
+            for (int j = tid; j <= MAX_RECORDS; j += BLOCK) {
+                above_mass[j] = 0;
+                above_count[j] = 0;
+            }
+            __syncthreads();
+            unsigned long long q[PER_THREAD];
+#pragma unroll
+            for (int e = 0; e < PER_THREAD; ++e) q[e] = zk[e] ? mass_q(__fsub_rn(v[e], m)) : 0ull;
+            for (int j = 0; j <= n_rec; ++j) {
+                const unsigned t = j ? rec_z[j - 1] : 0u;
+                unsigned c = 0;
+                unsigned long long s = 0;
+#pragma unroll
+                for (int e = 0; e < PER_THREAD; ++e) {
+                    if (zk[e] > t) {
+                        c += 1;
+                        s += q[e];
+                    }
+                }
+                c = __reduce_add_sync(0xffffffffu, c);
+                if ((tid & 31) == 0) atomicAdd(&above_count[j], c);
+                warp_add_u64(s, &above_mass[j]);
+            }
+            __syncthreads();
+            for (int j = tid; j <= n_rec; j += BLOCK) {
+                atomicAdd(work + W_COUNT + j, (unsigned long long)above_count[j]);
+                atomicAdd(work + W_MASS + j, above_mass[j]);
+            }
+        }
+    }
+
+    // the last block to finish writes the step's results
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();
+        is_last = (atomicAdd(work + W_DONE, 1ull) + 1) % BLOCKS == 0;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+
+    int next;
+    if (in_prompt) {
+        next = tokens[pos + 1];
+    } else if (greedy) {
+        next = key_index((repeat || counted) ? __ldcg(work + W_GREEDY) : raw_best);
+    } else {
+        for (int j = tid; j <= n_rec; j += BLOCK) {
+            above_mass[j] = __ldcg(work + W_MASS + j);
+            above_count[j] = (unsigned)__ldcg(work + W_COUNT + j);
+        }
+        __syncthreads();
+        next = n_rec ? key_index(rec_k[n_rec - 1]) : 0;  // only if records were lost: the largest z
+        const double total = (double)above_mass[0];
+        for (int j = 1; j <= n_rec; ++j) {
+            if (S.top_k > 0 && (int)above_count[j] >= S.top_k) continue;
+            if (S.top_p < 1.f && !((double)above_mass[j] < (double)S.top_p * total)) continue;
+            if (!(__fsub_rn(val_of(rec_z[j - 1]), m) >= S.min_p_log)) continue;
+            next = key_index(rec_k[j - 1]);
+            break;
+        }
+    }
+    next = min(max(next, 0), vocab - 1);
+    const bool bad = !in_prompt && __ldcg(work + W_BAD) != 0;
+    const int slot = pos & S.ring_mask;
+
+    if (want_lp) {
+        // log-softmax of the raw logits at the chosen token and at the MAX_LOGPROBS largest over all blocks
+        const double lse = (double)raw_max + log((double)__ldcg(work + W_RAW) * 0x1p-40);
+        unsigned long long pk[POOL_PER];
+#pragma unroll
+        for (int e = 0; e < POOL_PER; ++e) {
+            const int j = e * BLOCK + tid;
+            pk[e] = j < BLOCKS * MAX_LOGPROBS ? __ldcg(work + W_BLOCKS + (j / MAX_LOGPROBS) * BLOCK_WORDS + B_TOP + j % MAX_LOGPROBS) : 0ull;
+        }
+        const int n = min(S.logprobs, MAX_LOGPROBS);
+        find_top<POOL_PER>(pk, n, top_keys, rs);
+        int* out = lp_ring + slot * LP_WORDS;
+        if (tid < n) {
+            const int i = key_index(top_keys[tid]);
+            out[3 + 2 * tid] = i;
+            out[4 + 2 * tid] = __float_as_int((float)((double)logits[i] - lse));
+        }
+        if (tid == 0) {
+            out[0] = next;
+            out[1] = __float_as_int((float)((double)logits[next] - lse));
+            out[2] = n;
+        }
+    }
+
+    // leave the accumulators zero for the next launch
+    for (int j = tid; j <= MAX_RECORDS; j += BLOCK) {
+        work[W_COUNT + j] = 0;
+        work[W_MASS + j] = 0;
+    }
+    if (tid == 0) {
+        work[W_GREEDY] = 0;
+        work[W_RAW] = 0;
+        work[W_BAD] = 0;
         *amax = 0ull;
+        if (bad) {
+            st->flags = S.flags | STATE_NONFINITE;
+            next = 0;
+        }
         st->token = next;
         st->pos = min(pos + 1, max_ctx);
-        if (!in_prompt) st->step += 1;
-        ring[pos & st->ring_mask] = next;
+        if (!in_prompt) st->step = S.step + 1;
+        if (pos + 1 < max_ctx) {
+            if (!in_prompt) tokens[pos + 1] = next;
+            if (repeat) {
+                window[next] += 1;
+                const int leave = pos + 1 - S.repeat_last_n;
+                if (S.repeat_last_n > 0 && leave >= 0) window[tokens[leave]] -= 1;
+            }
+        }
+        if (counted && !in_prompt) counts[next] += 1;
+        ring[slot] = bad ? -1 : next;
     }
 }

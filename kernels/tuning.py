@@ -11,6 +11,9 @@ class GemvTuning:
     min_blocks: int = 4  # blocks per SM the register cap allows (warps * min_blocks resident warps)
     rows: int = 4  # rows per warp for many short rows (a small model's lm_head)
     waves: int = 1  # grid = waves blocks per resident slot, rows striding over it; 0: one block per row group
+    quant_rows: int = 4  # rows per warp of the block-format GEMVs (each x load serves them all)
+    quant_min_blocks: int = 3  # their register cap: 168 (the unpacking needs more than bf16's 128)
+    quant_x_smem: bool = True  # their blocks copy x (times gamma) to shared memory once, for unit-stride reads
 
 
 @dataclass(frozen=True)

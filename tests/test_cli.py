@@ -5,17 +5,37 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from engine.config import ModelConfig
 from engine.llm import StopMatcher
+from engine.reference import ReferenceModel
+from engine.tokenizer import Tokenizer
+from engine.weights import load_weights
 from tests.tiny import make_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def gdecode(*args, stdin=None):
+def gdecode(*args, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI; stdout and stderr come back as text and must be valid UTF-8."""
     cmd = [sys.executable, "-c", "from cli.main import main; main()", *map(str, args)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, input=stdin, timeout=300)
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, input=data, timeout=300)
+    return subprocess.CompletedProcess(cmd, r.returncode, r.stdout.decode(), r.stderr.decode())
+
+
+def reference_greedy(model_dir: Path, prompt: str, n: int) -> list[int]:
+    """n greedy tokens of the numpy reference model after prompt, ignoring EOS."""
+    cfg = ModelConfig.from_dir(model_dir)
+    tok = Tokenizer.from_dir(model_dir, cfg)
+    m = ReferenceModel(cfg, load_weights(model_dir, cfg), cfg.max_position_embeddings)
+    logits, out = m.prefill(tok.encode(prompt)), []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = m.decode(out[-1])
+    return out
 
 
 def assert_one_line_error(r, *needles):
@@ -37,8 +57,9 @@ def test_generate_streams_text_and_stats(tiny):
     r = gdecode("generate", "hello world", "--model", tiny, "--backend", "numpy",
                 "--temperature", "0", "--max-new-tokens", "5")
     assert r.returncode == 0, r.stderr
-    assert "generated" in r.stderr and "tok/s" in r.stderr and "[numpy]" in r.stderr
-    assert "hello world" not in r.stdout
+    assert "generated 5 tokens" in r.stderr and "tok/s" in r.stderr and "[numpy]" in r.stderr
+    want = Tokenizer.from_dir(tiny).decode(reference_greedy(tiny, "hello world", 5))
+    assert r.stdout == want + "\n"
 
 
 def test_generate_seed_is_reproducible(tiny):

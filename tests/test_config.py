@@ -238,3 +238,44 @@ def test_inv_freq_matches_transformers():
     hf_cfg = transformers.LlamaConfig(**{k: v for k, v in LLAMA31_8B.items() if k != "architectures"})
     want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg, "cpu")
     np.testing.assert_allclose(ModelConfig.from_dict(LLAMA31_8B).inv_freq(), want.double().numpy(), rtol=1e-6)
+
+
+# ---- the sliding-window cap on the context, and the defaults of omitted fields ----
+
+
+@pytest.mark.parametrize(
+    "base, over, want",
+    [
+        (MISTRAL_7B, {"sliding_window": 4096}, 4096),  # Mistral 7B v0.1: attention past 4096 would differ
+        (MISTRAL_7B, {"sliding_window": None}, 32768),
+        (MISTRAL_7B, {"sliding_window": 65536}, 32768),  # a window past the context changes nothing
+        (QWEN25_05B, {"sliding_window": 4096, "use_sliding_window": False}, 32768),
+        (QWEN25_05B, {"sliding_window": 4096, "use_sliding_window": True}, 4096),
+        (QWEN3_06B, {"sliding_window": 2048, "use_sliding_window": True}, 2048),
+        (LLAMA2_7B, {"sliding_window": 1024}, 4096),  # Llama has no sliding window
+    ],
+)
+def test_sliding_window_caps_the_context(base, over, want):
+    assert ModelConfig.from_dict({**base, **over}).max_position_embeddings == want
+
+
+@pytest.mark.parametrize("base", [LLAMA2_7B, LLAMA31_8B, MISTRAL_7B, QWEN25_05B, QWEN3_06B],
+                         ids=lambda d: d["architectures"][0])
+@pytest.mark.parametrize("missing", ["absent", "null"])
+def test_defaults_of_omitted_fields(base, missing):
+    # one KV head per head and eps 1e-6, as transformers' LlamaConfig (the others' eps default is the same)
+    transformers = pytest.importorskip("transformers")
+    d = {k: v for k, v in base.items() if k not in ("num_key_value_heads", "rms_norm_eps")}
+    if missing == "null":
+        d.update(num_key_value_heads=None, rms_norm_eps=None)
+    hf = transformers.LlamaConfig(num_attention_heads=base["num_attention_heads"], hidden_size=base["hidden_size"])
+    arch_hf = {"Mistral": transformers.MistralConfig, "Qwen2": transformers.Qwen2Config,
+               "Qwen3": transformers.Qwen3Config}.get(base["architectures"][0][:-len("ForCausalLM")], type(hf))()
+    c = ModelConfig.from_dict(d)
+    assert c.num_kv_heads == hf.num_key_value_heads == base["num_attention_heads"] and c.group_size == 1
+    assert c.rms_norm_eps == hf.rms_norm_eps == arch_hf.rms_norm_eps
+
+
+def test_eps_and_theta_are_read_not_defaulted():
+    c = ModelConfig.from_dict({**LLAMA2_7B, "rms_norm_eps": 3e-5, "rope_theta": 123456.0})
+    assert (c.rms_norm_eps, c.rope_theta) == (3e-5, 123456.0)

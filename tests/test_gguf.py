@@ -11,8 +11,9 @@ import pytest
 
 pytest.importorskip("gguf")  # a runtime dependency; absent only on bare GPU images
 import torch
-from gguf import GGML_QUANT_SIZES, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter
 from gguf import GGMLQuantizationType as Q
+from gguf.gguf_writer import GGUFValue
 from gguf.quants import quantize
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -282,7 +283,8 @@ def write_gguf(path, arch="llama", pre="llama-bpe", types=None, rope_freqs=None,
                vocab_writer=None, meta=None, head_dim=HD):
     """A tiny random llama/qwen2/qwen3 GGUF with the test vocabulary; types: per-tensor GGML types (default F32).
 
-    vocab_writer(w) -> size writes another vocabulary; meta: extra metadata {key: value} (int, float, str)."""
+    vocab_writer(w) -> size writes another vocabulary; meta: metadata to set or replace {key: value or
+    (value, GGUFValueType)}, or to remove {key: None}."""
     rng = np.random.default_rng(seed)
     hd = head_dim
     types = types or (QWEN2_TYPES if arch == "qwen2" else LLAMA_TYPES)
@@ -299,9 +301,16 @@ def write_gguf(path, arch="llama", pre="llama-bpe", types=None, rope_freqs=None,
         w.add_value_length(hd)
     w.add_rope_freq_base(500000.0 if rope_freqs is not None else 10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    for key, value in (meta or {}).items():
-        {int: w.add_uint32, float: w.add_float32, str: w.add_string, bool: w.add_bool}[type(value)](key, value)
     v = (vocab_writer or (lambda w: gpt2_vocab(w, pre, add_bos)))(w)
+    for key, value in (meta or {}).items():  # set, replace (with another type too) or, with None, remove
+        if value is None:
+            w.kv_data[0].pop(key, None)
+            continue
+        value, kind = value if isinstance(value, tuple) else (value, None)
+        kind = kind or {bool: GGUFValueType.BOOL, int: GGUFValueType.UINT32, float: GGUFValueType.FLOAT32,
+                        str: GGUFValueType.STRING, list: GGUFValueType.ARRAY}[type(value)]
+        sub = GGUFValueType.get_type(value[0]) if kind == GGUFValueType.ARRAY else None
+        w.kv_data[0][key] = GGUFValue(value, kind, sub)
     shapes = {"token_embd": (v, H), "output_norm": (H,)}
     if "output" in types:
         shapes["output"] = (v, H)
@@ -531,3 +540,22 @@ def test_failure_while_writing_leaves_nothing(good_gguf, tmp_path, monkeypatch):
     with pytest.raises(GDecodeError, match="disk full"):
         gi.import_gguf(good_gguf, tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("eps, theta", [(1e-5, 10000.0), (1e-6, 1e6), (3.5e-6, 123456.0)])
+def test_config_fields_written(tmp_path, eps, theta):
+    # eps as the float32 the file holds, printed shortest; EOS, EOT and EOM all stop generation
+    meta = {"llama.attention.layer_norm_rms_epsilon": eps, "llama.rope.freq_base": theta,
+            "tokenizer.ggml.eot_token_id": 5, "tokenizer.ggml.eom_token_id": 6}
+    path = write_gguf(tmp_path / "m.gguf", types={"token_embd": Q.F32}, meta=meta)
+    out = import_gguf(path, tmp_path / "out", progress=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["rms_norm_eps"] == eps and cfg["rope_theta"] == theta
+    assert cfg["eos_token_id"] == [2, 5, 6] and cfg["bos_token_id"] == 1
+    assert json.loads((out / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": [2, 5, 6]}
+    c = ModelConfig.from_dir(out)
+    assert (c.rms_norm_eps, c.rope_theta, c.eos_token_ids) == (eps, theta, (2, 5, 6))
+    # and transformers' own reading of the file agrees on what it reads
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).config
+    assert hf.rms_norm_eps == pytest.approx(eps, rel=1e-6)
+    assert hf.rope_parameters["rope_theta"] == pytest.approx(theta)

@@ -3,6 +3,7 @@
 import io
 import json
 
+import numpy as np
 import pytest
 
 pytest.importorskip("gguf")
@@ -11,8 +12,12 @@ from gguf import TokenType  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+from engine.config import ModelConfig  # noqa: E402
 from engine.gguf_import import import_gguf  # noqa: E402
+from engine.gguf_model import dequantized, load_gguf  # noqa: E402
 from engine.gguf_spm import merges_from_scores  # noqa: E402
+from engine.reference import ReferenceModel  # noqa: E402
+from engine.weights import load_weights  # noqa: E402
 from tests.test_gguf import check_model, write_gguf  # noqa: E402
 
 CORPUS = [
@@ -159,4 +164,11 @@ def test_qwen3_matches_transformers_gguf_loader(tmp_path):
     out = import_gguf(path, tmp_path / "out", progress=False)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["head_dim"] == 128
-    check_model(path, out, [1, 40, 270, 7, 260, 99, 2, 5])
+    ids = [1, 40, 270, 7, 260, 99, 2, 5]
+    check_model(path, out, ids)
+    # run directly from the file (q_norm and k_norm included), as from the imported folder
+    config, weights, _ = load_gguf(path, tokenizer=False)
+    direct = ReferenceModel(config, dequantized(weights), max_context=16).prefill(ids, return_all=True)
+    cfg = ModelConfig.from_dir(out)
+    imported = ReferenceModel(cfg, load_weights(out, cfg), max_context=16).prefill(ids, return_all=True)
+    np.testing.assert_array_equal(direct, imported)  # the same bf16 values, the same float32 math

@@ -2,7 +2,7 @@
 
 Outputs are poisoned with NaN before every run. Tolerances (relative L2 error unless stated):
 fp32 GEMV/norm/attention math 2e-5 (float32 accumulation order), bf16 cache writes 1 bf16 ulp,
-the embedding gather and the sampler exact.
+the embedding gather exact. The sampler: tests/test_sampler_gpu.py.
 """
 
 import math
@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from engine.reference import combine_splits, split_kv_partials
-from engine.sampling import SamplingParams, sample
 from graphs.buffers import STATE_DTYPE
+from kernels.gemv_ops import EPI_ADD, EPI_GATE, EPI_SILU, EPI_STORE
 from kernels.numerics import active_splits, rope_tables
-from kernels.tuning import AttnTuning
+from kernels.tuning import AttnTuning, GemvTuning
+from tests.gemv_check import GemvCase, check
 
 pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
@@ -77,63 +78,44 @@ def norm_input(rng, shape, eps):
 
 
 GEMV_CASES = [  # n_out, k, epi, norm, bias, splitk
-    (576, 576, 0, True, False, None),
-    (896, 896, 0, True, True, None),
-    (1152, 896, 0, True, True, 2),
-    (896, 4864, 1, False, False, None),
-    (4864, 896, 2, True, False, None),
-    (4096, 4096, 1, False, False, 4),
-    (4096, 14336, 1, False, False, None),
-    (14336, 4096, 2, True, False, 1),
-    (320, 64, 0, True, False, None),
-    (96, 64, 2, True, False, None),
-    (64, 96, 1, False, False, None),
-    (1000, 72, 0, False, True, 1),
+    (576, 576, EPI_STORE, True, False, None),
+    (896, 896, EPI_STORE, True, True, None),
+    (1152, 896, EPI_STORE, True, True, 2),
+    (896, 4864, EPI_ADD, False, True, None),
+    (4864, 896, EPI_SILU, True, True, None),
+    (4096, 4096, EPI_ADD, False, False, 4),
+    (4096, 14336, EPI_ADD, False, True, None),
+    (14336, 4096, EPI_SILU, True, False, 1),
+    (320, 64, EPI_STORE, True, False, None),
+    (96, 64, EPI_SILU, True, True, None),
+    (64, 96, EPI_ADD, False, False, None),
+    (1000, 72, EPI_STORE, False, True, 1),
+    (1001, 896, EPI_GATE, True, True, None),
+    (77, 4096, EPI_GATE, True, False, 2),
 ]
 
 
-# pair: rows r and r + n_out / 2 per warp, for the store and add epilogues with an even n_out
-GEMV_PAIRED = [c + (False,) for c in GEMV_CASES] + [c + (True,) for c in GEMV_CASES if c[2] != 2 and c[0] % 2 == 0]
+# pair: two consecutive rows per warp (each x load serves both), for the store and add epilogues
+GEMV_PAIRED = [c + (False,) for c in GEMV_CASES] + [c + (True,) for c in GEMV_CASES if c[2] in (EPI_STORE, EPI_ADD)]
 
 
 @pytest.mark.parametrize("blocks", [None, 3])
 @pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("n_out,k,epi,norm,bias,splitk,pair", GEMV_PAIRED)
-def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, pair, warps, minb, blocks, monkeypatch):
+def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, pair, warps, minb, blocks):
     from kernels import ops
 
-    monkeypatch.setattr(ops, "GEMV_WARPS", warps)
-    monkeypatch.setattr(ops, "GEMV_MINB", minb)
     if splitk is not None and splitk > warps:
         pytest.skip("more warps per row than per block")
-
-    rows = 2 * n_out if epi == ops.EPI_SILU else n_out
+    rows = 2 * n_out if epi == EPI_SILU else n_out
     wb, wf = bf16(rng.standard_normal((rows, k)) / math.sqrt(k))
-    eps = 1e-5
-    x = norm_input(rng, k, eps) if norm else rng.standard_normal(k).astype(np.float32) * 3
-    g = (0.5 + rng.random(k)).astype(np.float32)
-    b = rng.standard_normal(n_out).astype(np.float32)
-    y0 = rng.standard_normal(n_out).astype(np.float32)
-    xin = rms(x, g, eps) if norm else x.astype(np.float64)
-    full = wf.astype(np.float64) @ xin
-    if epi == ops.EPI_STORE:
-        ref = full + (b if bias else 0)
-    elif epi == ops.EPI_ADD:
-        ref = y0 + full
-    else:
-        gate, up = full[:n_out], full[n_out:]
-        ref = gate / (1 + np.exp(-gate)) * up
-    y = cp.asarray(y0) if epi == ops.EPI_ADD else cp.full(n_out, np.nan, cp.float32)
-    amax = cp.zeros(1, cp.uint64) if epi == ops.EPI_STORE else None
-    launch = ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
-                      bias=cp.asarray(b) if bias else None, epi=epi, eps=eps, amax=amax, splitk=splitk,
-                      blocks=blocks, pair=pair)  # 3 blocks: each strides over many rows
-    run(cp, launch)
-    if amax is not None:
-        assert amax.get()[0] == amax_of(y.get())[0]
-    err = rel(y.get(), ref)
-    print(f"gemv {n_out}x{k} epi={epi} norm={norm}: rel err {err:.2e}")
-    assert err < FP32_TOL
+    case = GemvCase(rng, wf, n_out, epi, norm, bias)
+    w = cp.asarray(wb)
+    tuning = GemvTuning(warps=warps, min_blocks=minb)
+    err = check(cp, case, lambda x, g, b, y, amax: ops.gemv(w, x, y, n_out, k, gamma=g, bias=b, epi=epi, eps=case.eps,
+                                                             amax=amax, splitk=splitk, blocks=blocks, pair=pair,
+                                                             tuning=tuning), FP32_TOL)  # 3 blocks: many rows each
+    print(f"gemv {n_out}x{k} epi={epi.name} norm={norm}: rel err {err:.2e}")
 
 
 ROWS_CASES = [(1001, 896, True, True), (4099, 576, True, False), (50001, 64, False, True), (151936, 896, True, False),
@@ -142,23 +124,15 @@ ROWS_CASES = [(1001, 896, True, True), (4099, 576, True, False), (50001, 64, Fal
 
 @pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("n_out,k,norm,bias", ROWS_CASES)
-def test_gemv_rows_per_warp(cp, rng, n_out, k, norm, bias, warps, minb, monkeypatch):
+def test_gemv_rows_per_warp(cp, rng, n_out, k, norm, bias, warps, minb):
     from kernels import ops
 
-    monkeypatch.setattr(ops, "GEMV_WARPS", warps)
-    monkeypatch.setattr(ops, "GEMV_MINB", minb)
     wb, wf = bf16(rng.standard_normal((n_out, k)) / math.sqrt(k))
-    eps = 1e-5
-    x = norm_input(rng, k, eps) if norm else rng.standard_normal(k).astype(np.float32) * 3
-    g = (0.5 + rng.random(k)).astype(np.float32)
-    b = rng.standard_normal(n_out).astype(np.float32)
-    ref = wf.astype(np.float64) @ (rms(x, g, eps) if norm else x.astype(np.float64)) + (b if bias else 0)
-    y = cp.full(n_out, np.nan, cp.float32)
-    amax = cp.zeros(1, cp.uint64)
-    run(cp, ops.gemv(cp.asarray(wb), cp.asarray(x), y, n_out, k, gamma=cp.asarray(g) if norm else None,
-                     bias=cp.asarray(b) if bias else None, eps=eps, amax=amax, splitk=1, rows=4))
-    assert amax.get()[0] == amax_of(y.get())[0]
-    assert rel(y.get(), ref) < FP32_TOL
+    case = GemvCase(rng, wf, n_out, EPI_STORE, norm, bias)
+    w = cp.asarray(wb)
+    tuning = GemvTuning(warps=warps, min_blocks=minb)
+    check(cp, case, lambda x, g, b, y, amax: ops.gemv(w, x, y, n_out, k, gamma=g, bias=b, eps=case.eps, amax=amax,
+                                                       splitk=1, rows=4, tuning=tuning), FP32_TOL)
 
 
 def _rope_cfg(nh, nkv, hd):
@@ -182,11 +156,10 @@ GEMV_ROPE_CASES = [  # nh, nkv, hd, k, bias, splitk
 @pytest.mark.parametrize("blocks", [None, 5])
 @pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("nh,nkv,hd,k,bias,splitk", GEMV_ROPE_CASES)
-def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks, monkeypatch):
+def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks):
     from kernels import ops
 
-    monkeypatch.setattr(ops, "GEMV_WARPS", warps)
-    monkeypatch.setattr(ops, "GEMV_MINB", minb)
+    tuning = GemvTuning(warps=warps, min_blocks=minb)
 
     n = (nh + 2 * nkv) * hd
     ctx, eps = 200, 1e-5
@@ -204,7 +177,7 @@ def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks, m
         vc = kc.copy()
         launch = ops.gemv_rope(d_w, cp.asarray(x), cp.asarray(g), cp.asarray(b) if bias else None, y,
                                state(cp, pos=pos), d_cos, d_sin, kc, vc, nh=nh, nkv=nkv, hd=hd, k=k, max_ctx=ctx,
-                               eps=eps, splitk=splitk, blocks=blocks)
+                               eps=eps, splitk=splitk, blocks=blocks, tuning=tuning)
         run(cp, launch)
         p = min(pos, ctx - 1)
         q = _rope_ref(full[: nh * hd].reshape(nh, hd), None, cos[p], sin[p], eps)
@@ -380,95 +353,6 @@ def test_attention_long_splits(cp, rng, nh, nkv, hd, warps, ramp):
         out = case.run(q, rows, AttnTuning(warps=warps, min_chunk=1), k=kb)
         ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), kf, case.vf, rows, splits))
         assert rel(out, ref) < FP32_TOL, f"n_cached={rows}"
-
-
-def _sampler(cp, vocab, max_ctx=64):
-    from kernels import ops
-
-    logits = cp.empty(vocab, cp.float32)
-    prompt = cp.zeros(max_ctx, cp.int32)
-    ring = cp.full(8, -1, cp.int32)
-    sz, si = cp.empty(vocab, cp.float32), cp.empty(vocab, cp.int32)
-    return logits, prompt, ring, sz, si, ops
-
-
-def _draw(cp, parts, st, vocab, max_ctx=64):
-    logits, prompt, ring, sz, si, ops = parts
-    amax = cp.asarray(amax_of(logits.get()))
-    run(cp, ops.sample(logits, amax, st, prompt, ring, sz, si, vocab=vocab, max_ctx=max_ctx))
-    assert amax.get()[0] == 0, "the sampler resets the argmax word"
-    return st.get().view(STATE_DTYPE)[0]
-
-
-def test_sample_greedy_ties_and_state(cp, rng):
-    vocab = 151936
-    parts = _sampler(cp, vocab)
-    x = rng.standard_normal(vocab).astype(np.float32)
-    x[[5000, 777, 150000]] = 9.0
-    parts[0].set(x)
-    st = state(cp, pos=10, prompt_len=3, step=4, ring_mask=7)
-    s = _draw(cp, parts, st, vocab)
-    assert s["token"] == 777 and s["pos"] == 11 and s["step"] == 5
-    assert parts[2].get()[10 & 7] == 777
-    st = state(cp, pos=63, prompt_len=3)
-    assert _draw(cp, parts, st, vocab)["pos"] == 64, "pos saturates at max_ctx"
-
-
-def test_sample_feeds_the_prompt(cp, rng):
-    vocab = 1000
-    parts = _sampler(cp, vocab)
-    parts[0].set(rng.standard_normal(vocab).astype(np.float32))
-    parts[1][:5] = cp.asarray([11, 22, 33, 44, 55], cp.int32)
-    st = state(cp, pos=2, prompt_len=5, step=0, temperature=1.0)
-    s = _draw(cp, parts, st, vocab)
-    assert s["token"] == 44 and s["pos"] == 3 and s["step"] == 0
-
-
-SAMPLE_CASES = [  # vocab, spread, temperature, top_k, top_p
-    (320, 3.0, 0.8, 40, 0.95),
-    (49152, 4.0, 0.7, 0, 0.9),
-    (49152, 4.0, 1.0, 50, 1.0),
-    (151936, 5.0, 0.6, 20, 0.8),
-    (151936, 0.5, 1.5, 0, 0.95),  # flat: more candidates than fit in shared memory
-    (151936, 0.5, 2.0, 0, 1.0),
-    (128256, 3.0, 1.0, 1, 1.0),
-    (1000, 2.0, 1.0, 2000, 0.5),
-]
-
-
-@pytest.mark.parametrize("vocab,spread,temp,top_k,top_p", SAMPLE_CASES)
-def test_sample_matches_host_sampler(cp, rng, vocab, spread, temp, top_k, top_p):
-    parts = _sampler(cp, vocab)
-    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p)
-    mismatches = 0
-    for trial in range(12):
-        x = (rng.standard_normal(vocab) * spread).astype(np.float32)
-        if trial % 3 == 0:
-            x[rng.integers(0, vocab, 6)] = x.max()  # ties at the top
-        parts[0].set(x)
-        seed, step = int(rng.integers(0, 2**63)), int(rng.integers(0, 1000))
-        st = state(cp, pos=0, prompt_len=1, seed=seed, step=step, temperature=temp, top_k=top_k, top_p=top_p)
-        got = int(_draw(cp, parts, st, vocab)["token"])
-        want = sample(x, params, step, seed)
-        mismatches += got != want
-    assert mismatches == 0
-
-
-@pytest.mark.parametrize("levels,top_k", [(3, 40), (100, 40), (100000, 4096), (20, 1)])
-def test_sample_top_k_threshold_with_ties(cp, rng, levels, top_k):
-    # integer logits: the top-k threshold is shared by many tokens (more than fit in shared
-    # memory when levels = 3), which the radix select must count exactly
-    vocab = 151936
-    parts = _sampler(cp, vocab)
-    params = SamplingParams(temperature=1.3, top_k=top_k, top_p=0.9)
-    mismatches = 0
-    for _ in range(6):
-        x = (rng.integers(0, levels, vocab) * (8.0 / levels)).astype(np.float32)
-        parts[0].set(x)
-        seed, step = int(rng.integers(0, 2**63)), int(rng.integers(0, 1000))
-        st = state(cp, pos=0, prompt_len=1, seed=seed, step=step, temperature=1.3, top_k=top_k, top_p=0.9)
-        mismatches += int(_draw(cp, parts, st, vocab)["token"]) != sample(x, params, step, seed)
-    assert mismatches == 0
 
 
 def test_fill_random(cp):

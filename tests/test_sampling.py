@@ -1,10 +1,10 @@
-"""Sampling parameters, the counter-based RNG and the sampler."""
+"""Sampling parameters and the counter-based RNG (the sampler itself: tests/test_sampler.py)."""
 
 import numpy as np
 import pytest
 
 from engine.errors import GDecodeError
-from engine.sampling import SamplingParams, candidates, resolve_seed, rng_bits, rng_uniform, sample, uniform_from_bits
+from engine.sampling import SamplingParams, resolve_seed, rng_bits, rng_uniform, uniform_from_bits
 
 MASK = 2**64 - 1
 
@@ -59,74 +59,6 @@ def test_uniform_ends():
     assert u[1] == u[2] == np.float32(1.0 - 2.0**-24)
 
 
-def logits(rng, v=50, scale=3.0):
-    return (rng.standard_normal(v) * scale).astype(np.float32)
-
-
-def test_greedy_is_argmax_lowest_index_on_ties():
-    z = np.array([1.0, 5.0, 2.0, 5.0], np.float32)
-    assert sample(z, SamplingParams(temperature=0), 0, 0) == 1
-
-
-def test_same_seed_same_tokens():
-    rng = np.random.default_rng(0)
-    rows = [logits(rng) for _ in range(64)]
-    p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
-    a = [sample(r, p, i, 7) for i, r in enumerate(rows)]
-    assert a == [sample(r, p, i, 7) for i, r in enumerate(rows)]
-    assert a != [sample(r, p, i, 8) for i, r in enumerate(rows)]
-
-
-def test_top_k_one_and_tiny_top_p_are_greedy():
-    rng = np.random.default_rng(1)
-    for step in range(50):
-        z = logits(rng)
-        best = sample(z, SamplingParams(temperature=0), step, 0)
-        assert sample(z, SamplingParams(temperature=1.5, top_k=1, top_p=1.0), step, 3) == best
-        assert sample(z, SamplingParams(temperature=1.5, top_k=0, top_p=1e-6), step, 3) == best
-
-
-def test_candidates_top_k_keeps_ties_and_top_p_prefix():
-    z = np.array([0.0, 3.0, 1.0, 3.0, 2.0, -1.0], np.float32)
-    assert candidates(z, 2, 1.0).tolist() == [1, 3]
-    assert candidates(z, 3, 1.0).tolist() == [1, 3, 4]
-    assert candidates(z, 0, 1.0).tolist() == list(range(6))
-    p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
-    # the two 3.0 logits hold p[1] + p[3]; asking for just that much keeps exactly them
-    assert candidates(z, 0, float(p[1] + p[3]) * 0.999).tolist() == [1, 3]
-    assert candidates(z, 0, float(p[1]) * 0.5).tolist() == [1]
-
-
-def test_filtered_tokens_are_never_sampled():
-    rng = np.random.default_rng(2)
-    z = logits(rng, v=100)
-    top5 = set(np.argsort(-z)[:5].tolist())
-    p = SamplingParams(temperature=2.0, top_k=5, top_p=1.0)
-    assert {sample(z, p, s, 11) for s in range(500)} <= top5
-
-
-def test_empirical_distribution_follows_softmax():
-    z = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], np.float32)
-    t = 0.7
-    p = np.exp(z / t - (z / t).max())
-    p /= p.sum()
-    n = 20_000
-    params = SamplingParams(temperature=t, top_k=0, top_p=1.0)
-    counts = np.bincount([sample(z, params, s, 1234) for s in range(n)], minlength=z.size)
-    chi2 = (((counts - n * p) ** 2) / (n * p)).sum()
-    # 5 degrees of freedom: the 99.9% quantile is 20.5
-    assert chi2 < 20.5, (counts, n * p)
-
-
-def test_top_p_renormalises_over_the_nucleus():
-    z = np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32))
-    params = SamplingParams(temperature=1.0, top_k=0, top_p=0.8)
-    n = 10_000
-    counts = np.bincount([sample(z, params, s, 99) for s in range(n)], minlength=4)
-    assert counts[2] == counts[3] == 0
-    assert abs(counts[0] / n - 0.625) < 0.02
-
-
 @pytest.mark.parametrize(
     "kw",
     [
@@ -140,18 +72,72 @@ def test_top_p_renormalises_over_the_nucleus():
         {"seed": -1},
         {"seed": 2**64},
         {"max_new_tokens": 0},
+        {"max_new_tokens": True},
+        {"max_new_tokens": 2.0},
         {"stop": "abc"},
         {"stop": ("",)},
+        {"min_p": -0.1},
+        {"min_p": 1.5},
+        {"min_p": float("nan")},
+        {"repeat_penalty": 0.0},
+        {"repeat_penalty": -1.0},
+        {"repeat_penalty": float("inf")},
+        {"repeat_penalty": float("nan")},
+        {"repeat_last_n": -2},
+        {"repeat_last_n": 1.5},
+        {"presence_penalty": float("inf")},
+        {"presence_penalty": float("nan")},
+        {"frequency_penalty": float("-inf")},
+        {"frequency_penalty": "1"},
+        {"logprobs": -1},
+        {"logprobs": 21},
+        {"logprobs": 2.5},
+        {"logprobs": True},
     ],
 )
 def test_bad_params_raise(kw):
-    with pytest.raises(GDecodeError):
+    name = next(iter(kw))
+    with pytest.raises(GDecodeError, match=f"^{name} must be"):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"seed": 0}, {"seed": 2**64 - 1}, {"max_new_tokens": 1}, {"min_p": 0.0}, {"min_p": 1.0},
+     {"repeat_penalty": 0.5}, {"repeat_last_n": -1}, {"repeat_last_n": 0},
+     {"presence_penalty": -2.0}, {"frequency_penalty": 2.0}, {"logprobs": 0}, {"logprobs": 20}],
+)
+def test_edge_params_are_accepted(kw):
+    assert getattr(SamplingParams(**kw), next(iter(kw))) == next(iter(kw.values()))
+
+
+def test_penalty_switches_and_greedy_threshold():
+    assert not SamplingParams().penalizes_repeats and not SamplingParams().penalizes_counts
+    assert not SamplingParams(repeat_penalty=1.3, repeat_last_n=0).penalizes_repeats
+    assert SamplingParams(repeat_penalty=1.3).penalizes_repeats
+    assert SamplingParams(presence_penalty=0.1).penalizes_counts
+    assert SamplingParams(frequency_penalty=-0.1).penalizes_counts
+    assert SamplingParams(temperature=1e-38).greedy and SamplingParams(temperature=0).greedy
+    assert not SamplingParams(temperature=1e-3).greedy
+    assert SamplingParams(min_p=0.0).min_p_log == -np.inf
+    assert SamplingParams(min_p=0.25).min_p_log == np.float32(np.log(0.25))
 
 
 def test_defaults_and_seed():
     p = SamplingParams(stop=["x"])
     assert (p.temperature, p.top_k, p.top_p, p.seed, p.max_new_tokens) == (0.8, 40, 0.95, None, 256)
+    assert (p.min_p, p.repeat_penalty, p.repeat_last_n, p.presence_penalty, p.frequency_penalty, p.logprobs) == (
+        0.0, 1.0, 64, 0.0, 0.0, None)
     assert p.stop == ("x",)
     assert resolve_seed(SamplingParams(seed=5)) == 5
-    assert 0 <= resolve_seed(p) < 2**63
+    assert all(0 <= resolve_seed(p) < 2**63 for _ in range(200))
+
+
+@pytest.mark.parametrize("seed,step", [(2**64, 0), (0, 2**64), (-1, 0), (0, -1)])
+def test_rng_refuses_out_of_range_counters(seed, step):
+    with pytest.raises(GDecodeError, match="seed and step must be in"):
+        rng_bits(seed, step, [0])
+
+
+def test_uniform_from_plain_ints():
+    np.testing.assert_array_equal(uniform_from_bits([0, 5 << 40]), np.float32([2.0**-25, 5.5 * 2.0**-24]))

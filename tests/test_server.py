@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 import re
 import signal
 import subprocess
@@ -196,6 +196,16 @@ def test_bad_requests_get_openai_errors(server, tiny):
     assert err["code"] == "context_length_exceeded"
     got, answer, _ = server.post("/v1/chat/completions", json.dumps({"messages": user, "pad": "x" * (11 << 20)}))
     assert got == 413 and "10 MB" in answer["error"]["message"]
+    # the same without a Content-Length: a chunked body is cut off at 10 MB too
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    parts = [b'{"messages": [{"role": "user", "content": "'] + [b"x" * (1 << 20)] * 11 + [b'"}]}']
+    conn.request("POST", "/v1/chat/completions", body=iter(parts), encode_chunked=True,
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 413 and "10 MB" in json.loads(resp.read())["error"]["message"]
+    conn.close()
     got, answer, _ = server.post("/v1/completions", {"prompt": ["a", "b"]})
     assert got == 400 and answer["error"]["param"] == "prompt"
     got, answer, _ = server.post("/v1/completions", {"prompt": [1, 99999]})
@@ -216,30 +226,66 @@ def test_bad_requests_through_the_client(server):
         chat(c, [{"role": "user", "content": "x"}], n=3)
 
 
-def test_sampler_options(server):
-    have = {f.name for f in dataclasses.fields(SamplingParams)}
+SAMPLER_CASES = [
+    ({"min_p": 0.2, "temperature": 1.0, "seed": 4}, dict(min_p=0.2, temperature=1.0, seed=4)),
+    ({"repetition_penalty": 1.5}, dict(repeat_penalty=1.5)),
+    ({"presence_penalty": 1.0, "frequency_penalty": 0.7}, dict(presence_penalty=1.0, frequency_penalty=0.7)),
+    ({"top_k": 5, "top_p": 0.9, "temperature": 0.8, "seed": 11}, dict(top_k=5, top_p=0.9, temperature=0.8, seed=11)),
+]
+
+
+@pytest.mark.parametrize("body,kw", SAMPLER_CASES, ids=["min_p", "repeat", "presence_frequency", "top_k_top_p"])
+def test_sampler_options_reach_the_sampler(server, tiny, body, kw):
+    """The server's reply equals LLM.generate's with the same SamplingParams."""
+    llm = sampler_llm(tiny)
+    params = SamplingParams(**{"temperature": 0.0, "top_k": SamplingParams.top_k, **kw}, max_new_tokens=30)
+    want = "".join(llm.generate("Tell me about foxes", params, chat=True))
+    msgs = [{"role": "user", "content": "Tell me about foxes"}]
+    status, got, _ = server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 30, "temperature": 0.0,
+                                                          **body})
+    assert status == 200, got
+    assert got["choices"][0]["message"]["content"] == want
+
+
+_LLMS: dict = {}
+
+
+def sampler_llm(path):
+    from engine.llm import LLM
+
+    if path not in _LLMS:
+        _LLMS[path] = LLM(path, backend="numpy")
+    return _LLMS[path]
+
+
+def test_logprobs(server):
+    c = server.client()
     msgs = [{"role": "user", "content": "hello"}]
-    for field, param, value in (("min_p", "min_p", 0.1), ("repeat_penalty", "repetition_penalty", 1.3),
-                                ("presence_penalty", "presence_penalty", 0.5),
-                                ("frequency_penalty", "frequency_penalty", 0.5)):
-        status, body, _ = server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 3, param: value})
-        if field in have:
-            assert status == 200, body
-        else:
-            assert status == 400 and "not supported by this build" in body["error"]["message"], body
-        # the value that means "off" is always accepted
-        off = {"min_p": 0.0, "repeat_penalty": 1.0}.get(field, 0.0)
-        assert server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 3, param: off})[0] == 200
-    status, body, _ = server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "top_k": 5,
-                                                           "seed": 3, "temperature": 0.7})
-    assert status == 200, body
-    status, body, _ = server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "logprobs": True,
-                                                           "top_logprobs": 3})
-    if status == 400:
-        assert "not supported by this build" in body["error"]["message"]
-    else:
-        assert status == 200 and body["choices"][0]["logprobs"]["content"], body
+    r = chat(c, msgs, max_tokens=6, logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True}, **GREEDY)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 6
+    for e in content:
+        assert len(e.top_logprobs) == 3 and e.logprob <= 0
+        assert e.token == e.top_logprobs[0].token and e.logprob == e.top_logprobs[0].logprob  # greedy: the best
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob
+        assert sum(math.exp(t.logprob) for t in e.top_logprobs) <= 1.0 + 1e-6
+        assert bytes(e.bytes).decode("utf-8", "replace") == e.token
+    chunks = list(chat(c, msgs, max_tokens=6, logprobs=True, top_logprobs=3, stream=True,
+                       extra_body={"ignore_eos": True}, **GREEDY))
+    streamed_lp = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    # the same tokens; the values move in the last float32 bits, as this prompt came from the cache
+    assert [e.token for e in streamed_lp] == [e.token for e in content]
+    assert [e.logprob for e in streamed_lp] == pytest.approx([e.logprob for e in content], abs=1e-5)
+    plain = chat(c, msgs, max_tokens=6, extra_body={"ignore_eos": True}, **GREEDY)
+    assert plain.choices[0].logprobs is None
+    comp = c.completions.create(model="tiny", prompt="hello", max_tokens=5, logprobs=2, extra_body={"ignore_eos": True},
+                                **GREEDY)
+    lp = comp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset == sorted(lp.text_offset)
     status, body, _ = server.post("/v1/chat/completions", {"messages": msgs, "top_logprobs": 30, "logprobs": True})
+    assert status == 400 and body["error"]["param"] == "top_logprobs"
+    status, body, _ = server.post("/v1/chat/completions", {"messages": msgs, "top_logprobs": 2})
     assert status == 400 and body["error"]["param"] == "top_logprobs"
 
 

@@ -10,28 +10,14 @@ import pytest
 
 from engine.config import ModelConfig
 from engine.llm import LLM
-from engine.reference import ReferenceModel
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
-from engine.weights import load_weights
-from tests.test_cli import gdecode
+from tests.test_cli import gdecode, reference_greedy
 from tests.tiny import make_tiny_model
 
 PROMPT = "hello world"
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=40)
 NEWLINE = "\u010a"  # the byte-level token of "\n"
-
-
-def reference_greedy(model_dir: Path, prompt: str, n: int) -> list[int]:
-    """n greedy tokens of the numpy reference model after prompt, ignoring EOS."""
-    cfg = ModelConfig.from_dir(model_dir)
-    tok = Tokenizer.from_dir(model_dir, cfg)
-    m = ReferenceModel(cfg, load_weights(model_dir, cfg), cfg.max_position_embeddings)
-    logits, out = m.prefill(tok.encode(prompt)), []
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = m.decode(out[-1])
-    return out
 
 
 def _steer_to_newlines(d: Path) -> None:

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
@@ -188,6 +188,7 @@ def test_bos_id_falls_back_to_config(tmp_path):
             "intermediate_size": 16,
             "num_hidden_layers": 1,
             "num_attention_heads": 2,
+            "num_key_value_heads": 2,
             "bos_token_id": 2,
         }
     )
@@ -269,3 +270,94 @@ def test_matches_transformers(tmp_path, bos_post_processor):
     for gen in (True, False):
         want = hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=gen)
         assert t.apply_chat_template(MESSAGES, add_generation_prompt=gen) == want
+
+
+# sentencepiece-style tokenizers: "▁" marks a space; a token decoded alone loses it
+SP_CORPUS = CORPUS + ["the lazy dog sleeps", "brown fox, quick fox"]
+LLAMA_DECODER = decoders.Sequence(
+    [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+)
+
+
+def _with_byte_tokens(tok: HFTokenizer) -> HFTokenizer:
+    """Add sentencepiece's <0xHH> tokens to the vocabulary and turn byte fallback on."""
+    d = json.loads(tok.to_str())
+    vocab = d["model"]["vocab"]
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    d["model"]["byte_fallback"] = True
+    return HFTokenizer.from_str(json.dumps(d))
+
+
+def build_sentencepiece(kind: str) -> HFTokenizer:
+    if kind == "unigram-metaspace":
+        tok = HFTokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=220, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>",
+                                          show_progress=False)
+        tok.train_from_iterator(SP_CORPUS * 4, trainer)
+        return tok
+    tok = HFTokenizer(models.BPE(unk_token="<unk>"))
+    if kind == "bpe-metaspace":  # Mistral / Llama as transformers converts them today
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+    else:  # "bpe-llama2": the older normalizer form
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = LLAMA_DECODER
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    tok.train_from_iterator(SP_CORPUS * 4, trainer)
+    return _with_byte_tokens(tok)
+
+
+SP_KINDS = ["bpe-metaspace", "bpe-llama2", "unigram-metaspace"]
+SP_STRINGS = ["hello world the quick brown fox", "the  lazy dog, naïve café", *STRINGS]
+
+
+@pytest.fixture(params=SP_KINDS)
+def sp_tok(request, tmp_path) -> Tokenizer:
+    d = tmp_path / request.param
+    d.mkdir()
+    build_sentencepiece(request.param).save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    return Tokenizer.from_dir(d)
+
+
+def _stream(tok, ids, context=()):
+    dec = StreamDecoder(tok, context=context)
+    pieces = [dec.push(i) for i in ids]
+    return pieces, dec.flush()
+
+
+def test_sentencepiece_token_alone_loses_its_space(sp_tok):
+    ids = sp_tok.encode("hello world the fox", add_special_tokens=False)
+    alone = "".join(sp_tok.decode([i]) for i in ids)
+    assert "helloworld" in alone.replace(" ", "") and alone != sp_tok.decode(ids)  # what the stream must avoid
+
+
+@pytest.mark.parametrize("text", SP_STRINGS)
+def test_sentencepiece_stream_matches_full_decode(sp_tok, text):
+    ids = sp_tok.encode(text, add_special_tokens=False)
+    pieces, tail = _stream(sp_tok, ids)
+    full = sp_tok.decode(ids)
+    assert "".join(pieces) + tail == full
+    if "unigram" not in sp_tok.source:  # byte fallback: every character survives
+        assert full == text
+    if text.startswith("hello world"):
+        assert "".join(pieces).startswith("hello world")  # words not joined
+
+
+@pytest.mark.parametrize("text", SP_STRINGS[:3])
+def test_sentencepiece_stream_after_prompt_keeps_the_space(sp_tok, text):
+    prompt = sp_tok.encode("the quick", add_special_tokens=False)
+    ids = sp_tok.encode("the quick " + text, add_special_tokens=False)[len(prompt):]
+    pieces, tail = _stream(sp_tok, ids, context=prompt)
+    whole = sp_tok.decode(prompt + ids)
+    assert "".join(pieces) + tail == whole[len(sp_tok.decode(prompt)):]
+    assert ("".join(pieces) + tail).startswith(" ")
+
+
+def test_stream_with_context_returns_only_new_text(tok):
+    prompt = tok.encode("hello ", add_special_tokens=False)
+    ids = tok.encode("café 😀 world", add_special_tokens=False)
+    pieces, tail = _stream(tok, ids, context=prompt)
+    assert "".join(pieces) + tail == "café 😀 world"

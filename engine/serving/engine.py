@@ -102,6 +102,10 @@ class ServingEngine:
                 seq.step()
             except StopIteration:
                 seq.finish("length")
+            except GDecodeError as e:  # e.g. non-finite logits: the request fails, the engine goes on
+                log.warning("request %d failed: %s", seq.req.id, e)
+                self._fail(seq, e)
+                continue
             except Exception as e:
                 log.exception("request %d failed", seq.req.id)
                 self._fail(seq, e)
@@ -133,7 +137,7 @@ class ServingEngine:
             seq.tokens.close()
         finally:
             self.running.remove(seq)
-            seq.req.emit(Failed("internal", f"{type(e).__name__}: {e}"))
+            seq.req.emit(Failed("internal", str(e) if isinstance(e, GDecodeError) else f"{type(e).__name__}: {e}"))
 
     def _retire(self, seq: Sequence) -> None:
         self.running.remove(seq)

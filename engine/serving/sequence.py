@@ -37,9 +37,10 @@ class Sequence:
             params = replace(params, seed=secrets.randbits(63))
         self.req, self.llm = req, llm
         self.budget = min(params.max_new_tokens, llm.max_context - len(req.prompt))
-        self.decoder = StreamDecoder(llm.tokenizer)
+        self.decoder = StreamDecoder(llm.tokenizer, context=req.prompt)
         self.stops = StopMatcher(params.stop)
         self.eos = frozenset() if req.ignore_eos else frozenset(llm.tokenizer.eos_ids)
+        self.want_logprobs = getattr(params, "logprobs", None) is not None
         self.tokens = llm.backend.generate(req.prompt, params, self.budget, reuse=req.reuse)
         self.generated = 0
         self.cached = 0
@@ -58,7 +59,8 @@ class Sequence:
         if token in self.eos:
             return self.finish("stop")
         text, hit = self.stops.push(self.decoder.push(token))
-        self.req.emit(Delta(text, token))
+        lp = getattr(self.llm.backend, "token_logprobs", None) if self.want_logprobs else None
+        self.req.emit(Delta(text, token, lp))
         if hit:
             return self.finish("stop", flush=False)
         if self.generated >= self.budget:

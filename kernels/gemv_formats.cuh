@@ -1,0 +1,369 @@
+#pragma once
+// Weight formats of the GEMV: what a chunk is (the 16 bytes of weights one lane loads per step,
+// plus the quantized formats' high bits and scales), how to load it, how to dot it with x, and how
+// to dequantize it. The quantized rows are ggml blocks repacked at load (kernels/quant_layout.py
+// describes the planes); every product uses ggml's own values: fp16 scales converted exactly, the
+// small integer scales and quants exact in fp32. Dot products factor each (sub-)block's scale out
+// of its sum, d * sum(q x) - m * sum(x), which changes only the order of the fp32 sums.
+#include "common.cuh"
+
+#ifndef K
+#error "K (the row length) must be defined"
+#endif
+
+__device__ __forceinline__ float4 mul4(float4 a, float4 b) {
+    return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
+}
+
+__device__ __forceinline__ float sum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+
+// weight loads: EARLY ones are coherent (ptxas keeps them above the PDL wait), the rest .nc
+template <bool EARLY>
+__device__ __forceinline__ uint4 load16(const unsigned char* p) {
+    return EARLY ? ld_early(reinterpret_cast<const uint4*>(p)) : ld_stream(reinterpret_cast<const uint4*>(p));
+}
+
+template <bool EARLY>
+__device__ __forceinline__ uint2 load8(const unsigned char* p) {
+    uint2 r;
+    if (EARLY)
+        asm volatile("ld.global.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    else
+        asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+template <bool EARLY>
+__device__ __forceinline__ unsigned load4(const unsigned char* p) {
+    unsigned r;
+    if (EARLY)
+        asm volatile("ld.global.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+    else
+        asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+    return r;
+}
+
+template <bool EARLY>
+__device__ __forceinline__ unsigned load2(const unsigned char* p) {
+    unsigned short r;
+    if (EARLY)
+        asm volatile("ld.global.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    else
+        asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    return r;
+}
+
+// ---- bf16 ----------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float dot8(const uint4 w, const float4 a, const float4 b, float acc) {
+    acc = fmaf(bf_lo(w.x), a.x, acc);
+    acc = fmaf(bf_hi(w.x), a.y, acc);
+    acc = fmaf(bf_lo(w.y), a.z, acc);
+    acc = fmaf(bf_hi(w.y), a.w, acc);
+    acc = fmaf(bf_lo(w.z), b.x, acc);
+    acc = fmaf(bf_hi(w.z), b.y, acc);
+    acc = fmaf(bf_lo(w.w), b.z, acc);
+    acc = fmaf(bf_hi(w.w), b.w, acc);
+    return acc;
+}
+
+// rows of K bf16 values; a chunk is 8 of them
+struct Bf16 {
+    static constexpr int W = 8, REGS = 4, CHUNKS = K / 8;
+    static constexpr size_t ROW_BYTES = (size_t)K * 2;
+    static_assert(K % 8 == 0, "bf16 rows must be a multiple of 8");
+    typedef uint4 Chunk;
+    template <bool EARLY>
+    static __device__ __forceinline__ Chunk load(const unsigned char* row, int k, bool ok) {
+        return ok ? load16<EARLY>(row + 16 * (size_t)k) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    template <int R, class X>
+    static __device__ __forceinline__ void dot(const Chunk (&c)[R], X& x, int k, float (&acc)[R]) {
+        const float4 xa = x.get(k, 0), xb = x.get(k, 1);
+#pragma unroll
+        for (int j = 0; j < R; ++j) acc[j] = dot8(c[j], xa, xb, acc[j]);
+    }
+};
+
+// ---- quantized ---------------------------------------------------------------------------------
+
+// 2^23: a byte b placed in the mantissa of 2^23 reads as 2^23 + b, exactly
+#define MAGIC 8388608.0f
+// halves of a chunk whose x loads may be in flight at once: with both, the x and gamma loads of
+// a whole chunk crowd the weights out of the register budget
+#ifndef X_HALVES
+#define X_HALVES 1
+#endif
+
+// byte b of v in the mantissa of 2^23 (the float 2^23 + v_b). An opaque volatile asm: the compiler
+// would otherwise hoist the unpacking of whole chunks out of the loops into hundreds of registers
+template <int B>
+__device__ __forceinline__ float magic_byte(unsigned v) {
+    unsigned r;
+    asm volatile("prmt.b32 %0, %1, 0x4B000000, %2;" : "=r"(r) : "r"(v), "n"(0x7540 + B));
+    return __uint_as_float(r);
+}
+
+// sum over the 4 bytes v_b of v of (v_b - off) x_b; magic_off = 2^23 + off
+__device__ __forceinline__ float dot4(unsigned v, float4 x, float acc, float magic_off) {
+    acc = fmaf(magic_byte<0>(v) - magic_off, x.x, acc);
+    acc = fmaf(magic_byte<1>(v) - magic_off, x.y, acc);
+    acc = fmaf(magic_byte<2>(v) - magic_off, x.z, acc);
+    acc = fmaf(magic_byte<3>(v) - magic_off, x.w, acc);
+    return acc;
+}
+
+// byte b of v minus off, as a float (exact)
+__device__ __forceinline__ float byte_f(unsigned v, int b, float magic_off) {
+    return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540 + b)) - magic_off;
+}
+
+// the fp16 in the low half of h, exactly: its bits moved into an fp32 read 2^-112 times the value
+// (subnormals too), then scaled back; full-rate integer and FMUL work, where cvt.f32.f16 is not
+__device__ __forceinline__ float half_f(unsigned h) {
+    const unsigned u = ((h & 0x7fffu) << 13) | ((h & 0x8000u) << 16);
+    return __uint_as_float(u) * 0x1p112f;
+}
+
+__device__ __forceinline__ unsigned word_of(const uint4 q, int i) {
+    return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+// words 2h and 2h + 1 of q (a select, not an index: a run-time index would put q in local memory)
+__device__ __forceinline__ unsigned half_word(const uint4 q, int h, int i2) {
+    return h ? (i2 ? q.w : q.z) : (i2 ? q.y : q.x);
+}
+
+template <int N> struct Bytes { unsigned v; };  // 2 or 4 bytes
+template <> struct Bytes<0> {};
+template <> struct Bytes<8> { unsigned x, y; };
+
+// N bytes at p, or zeros when !ok (a select per register: a select of whole structs can put them
+// in local memory)
+template <int N, bool EARLY>
+__device__ __forceinline__ Bytes<N> load_bytes(const unsigned char* p, bool ok) {
+    Bytes<N> r;
+    if constexpr (N == 2) r.v = ok ? load2<EARLY>(p) : 0u;
+    if constexpr (N == 4) r.v = ok ? load4<EARLY>(p) : 0u;
+    if constexpr (N == 8) {
+        r.x = ok ? load4<EARLY>(p) : 0u;
+        r.y = ok ? load4<EARLY>(p + 4) : 0u;
+    }
+    return r;
+}
+
+// The planes of a repacked row (kernels/quant_layout.py): Q (16 bytes per chunk), H (HB per chunk),
+// S (SB per chunk), D (DB per ggml block of BLOCK weights), the row padded to 16 bytes.
+template <int W_, int BLOCK_, int HB, int SB, int DB>
+struct QuantRows {
+    static constexpr int W = W_, BLOCK = BLOCK_, CHUNKS = K / W_;
+    static constexpr int PER_BLOCK = BLOCK_ / W_;  // chunks per ggml block
+    static constexpr int REGS = 4 + (HB + 3) / 4 + (SB + 3) / 4 + (DB + 3) / 4;
+    static constexpr size_t H_OFF = 16 * (size_t)CHUNKS, S_OFF = H_OFF + (size_t)HB * CHUNKS;
+    static constexpr size_t D_OFF = (S_OFF + (size_t)SB * CHUNKS + 3) / 4 * 4;
+    static constexpr size_t ROW_BYTES = (D_OFF + (size_t)DB * (K / BLOCK_) + 15) / 16 * 16;
+    struct Chunk {
+        uint4 q;
+        Bytes<HB> h;
+        Bytes<SB> s;
+        Bytes<DB> d;
+    };
+    template <bool EARLY>
+    static __device__ __forceinline__ Chunk load(const unsigned char* row, int k, bool ok) {
+        static_assert(K % BLOCK_ == 0, "rows hold whole ggml blocks");
+        Chunk c;
+        c.q = ok ? load16<EARLY>(row + 16 * (size_t)k) : make_uint4(0u, 0u, 0u, 0u);
+        if constexpr (HB > 0) c.h = load_bytes<HB, EARLY>(row + H_OFF + (size_t)HB * k, ok);
+        if constexpr (SB > 0) c.s = load_bytes<SB, EARLY>(row + S_OFF + (size_t)SB * k, ok);
+        c.d = load_bytes<DB, EARLY>(row + D_OFF + (size_t)DB * (k / PER_BLOCK), ok);
+        return c;
+    }
+};
+
+// The 4-bit family: 32 weights per chunk; word i of Q holds weights 8i..8i+3 in its low nibbles and
+// 8i+4..8i+7 in its high ones. HIGH: 0, 1 (Q5_*: bit 8b + 2i + t of H) or 2 bits (Q6_K: bits
+// 8b + 2(2(i%2) + t) of H word i/2) on top, for half t and byte b.
+enum Scaling { SCALE_D, SCALE_D_MIN, SCALE_DSC_DMIN, SCALE_DSC_PAIR };
+
+template <int HIGH, int OFF, Scaling SC, int BLOCK, int SB, int DB>
+struct Nibbles : QuantRows<32, BLOCK, HIGH == 0 ? 0 : HIGH == 1 ? 4 : 8, SB, DB> {
+    typedef QuantRows<32, BLOCK, HIGH == 0 ? 0 : HIGH == 1 ? 4 : 8, SB, DB> Base;
+    typedef typename Base::Chunk Chunk;
+    static constexpr bool MINS = SC == SCALE_D_MIN || SC == SCALE_DSC_DMIN;
+
+    // the 4 values of word i = 2h + i2, nibble t: the nibbles with the high bits moved on top
+    static __device__ __forceinline__ unsigned values(const Chunk& c, int h, int i2, int t) {
+        unsigned v = (half_word(c.q, h, i2) >> (4 * t)) & 0x0F0F0F0Fu;
+        if constexpr (HIGH == 1) v |= ((c.h.v >> (4 * h + 2 * i2 + t)) & 0x01010101u) << 4;
+        if constexpr (HIGH == 2) v |= (((h ? c.h.y : c.h.x) >> (2 * (2 * i2 + t))) & 0x03030303u) << 4;
+        return v;
+    }
+    // (scale of weights 0..15, scale of weights 16..31, min) of a chunk
+    static __device__ __forceinline__ void scales(const Chunk& c, float& s0, float& s1, float& m) {
+        const float d = half_f(c.d.v);
+        s0 = d;
+        m = 0.f;
+        if constexpr (SC == SCALE_D_MIN) m = half_f(c.d.v >> 16);
+        if constexpr (SC == SCALE_DSC_DMIN) {  // s: (scale, min) bytes
+            s0 = d * byte_f(c.s.v, 0, MAGIC);
+            m = -(half_f(c.d.v >> 16) * byte_f(c.s.v, 1, MAGIC));
+        }
+        s1 = s0;
+        if constexpr (SC == SCALE_DSC_PAIR) {  // s: two int8 scales, one per 16 weights
+            s0 = d * byte_f(c.s.v ^ 0x8080u, 0, MAGIC + 128.0f);
+            s1 = d * byte_f(c.s.v ^ 0x8080u, 1, MAGIC + 128.0f);
+        }
+    }
+    template <int R, class X>
+    static __device__ __forceinline__ void dot(const Chunk (&c)[R], X& x, int k, float (&acc)[R]) {
+        float s0[R], s1[R], mn[R], sx = 0.f;
+#pragma unroll
+        for (int j = 0; j < R; ++j) scales(c[j], s0[j], s1[j], mn[j]);
+#pragma unroll X_HALVES
+        for (int h = 0; h < 2; ++h) {
+            float p[R];
+#pragma unroll
+            for (int j = 0; j < R; ++j) p[j] = 0.f;
+#pragma unroll
+            for (int i2 = 0; i2 < 2; ++i2) {
+                const float4 lo = x.get(k, 4 * h + 2 * i2), hi = x.get(k, 4 * h + 2 * i2 + 1);
+                if (MINS) sx += sum4(lo) + sum4(hi);
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+                    p[j] = dot4(values(c[j], h, i2, 0), lo, p[j], MAGIC + OFF);
+                    p[j] = dot4(values(c[j], h, i2, 1), hi, p[j], MAGIC + OFF);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < R; ++j) acc[j] = fmaf(h ? s1[j] : s0[j], p[j], acc[j]);
+        }
+        if (MINS) {
+#pragma unroll
+            for (int j = 0; j < R; ++j) acc[j] = fmaf(mn[j], sx, acc[j]);
+        }
+    }
+    // value of weight 8i + 4t + b: scale * (v - OFF) [+ min], one exact product and one rounding
+    static __device__ __forceinline__ void dequant(const Chunk& c, float (&out)[32]) {
+        float s0, s1, m;
+        scales(c, s0, s1, m);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i2 = 0; i2 < 2; ++i2)
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    const unsigned v = values(c, h, i2, t);
+#pragma unroll
+                    for (int b = 0; b < 4; ++b) {
+                        const float q = byte_f(v, b, MAGIC + OFF);
+                        out[16 * h + 8 * i2 + 4 * t + b] = MINS ? fmaf(h ? s1 : s0, q, m) : (h ? s1 : s0) * q;
+                    }
+                }
+    }
+};
+
+// The 2-bit family (Q2_K, Q3_K): 64 weights per chunk, word i of Q is sub-block i (16 weights),
+// weight 16i + 4s + b at bits 2s of byte b; Q3_K's third bit is bit 8b + 4(i%2) + s of H word i/2.
+template <bool Q3>
+struct Crumbs : QuantRows<64, 256, Q3 ? 8 : 0, 4, Q3 ? 2 : 4> {
+    typedef QuantRows<64, 256, Q3 ? 8 : 0, 4, Q3 ? 2 : 4> Base;
+    typedef typename Base::Chunk Chunk;
+    static constexpr float OFF = Q3 ? 4.0f : 0.0f;
+
+    // sub-block i = 2h + i2, shift s
+    static __device__ __forceinline__ unsigned values(const Chunk& c, int h, int i2, int s) {
+        unsigned v = (half_word(c.q, h, i2) >> (2 * s)) & 0x03030303u;
+        if constexpr (Q3) v |= (((h ? c.h.y : c.h.x) >> (4 * i2 + s)) & 0x01010101u) << 2;
+        return v;
+    }
+    // sub-block i = 2h + i2: d * scale and (Q2_K) -dmin * min
+    static __device__ __forceinline__ void scales(const Chunk& c, int h, int i2, float& s, float& m) {
+        const float d = half_f(c.d.v);
+        const unsigned sb = c.s.v >> (16 * h);
+        if constexpr (Q3) {
+            s = d * byte_f(sb ^ 0x80808080u, i2, MAGIC + 128.0f);
+            m = 0.f;
+        } else {
+            s = d * byte_f(sb & 0x0F0F0F0Fu, i2, MAGIC);
+            m = -(half_f(c.d.v >> 16) * byte_f((sb >> 4) & 0x0F0F0F0Fu, i2, MAGIC));
+        }
+    }
+    template <int R, class X>
+    static __device__ __forceinline__ void dot(const Chunk (&c)[R], X& x, int k, float (&acc)[R]) {
+#pragma unroll X_HALVES
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int i2 = 0; i2 < 2; ++i2) {
+                float4 xs[4];
+                float sx = 0.f;
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    xs[s] = x.get(k, 8 * h + 4 * i2 + s);
+                    if (!Q3) sx += sum4(xs[s]);
+                }
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+                    float p = 0.f, sc, m;
+#pragma unroll
+                    for (int s = 0; s < 4; ++s) p = dot4(values(c[j], h, i2, s), xs[s], p, MAGIC + OFF);
+                    scales(c[j], h, i2, sc, m);
+                    acc[j] = fmaf(sc, p, acc[j]);
+                    if (!Q3) acc[j] = fmaf(m, sx, acc[j]);
+                }
+            }
+        }
+    }
+    static __device__ __forceinline__ void dequant(const Chunk& c, float (&out)[64]) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float sc, m;
+            scales(c, i / 2, i % 2, sc, m);
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const unsigned v = values(c, i / 2, i % 2, s);
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                    const float q = byte_f(v, b, MAGIC + OFF);
+                    out[16 * i + 4 * s + b] = Q3 ? sc * q : fmaf(sc, q, m);
+                }
+            }
+        }
+    }
+};
+
+// Q8_0: 16 int8 weights per chunk (two chunks per block), in ggml's order
+struct Q8_0 : QuantRows<16, 32, 0, 0, 2> {
+    template <int R, class X>
+    static __device__ __forceinline__ void dot(const Chunk (&c)[R], X& x, int k, float (&acc)[R]) {
+        float p[R];
+#pragma unroll
+        for (int j = 0; j < R; ++j) p[j] = 0.f;
+#pragma unroll X_HALVES
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i2 = 0; i2 < 2; ++i2) {
+                const float4 xi = x.get(k, 2 * h + i2);
+#pragma unroll
+                for (int j = 0; j < R; ++j) p[j] = dot4(half_word(c[j].q, h, i2) ^ 0x80808080u, xi, p[j], MAGIC + 128.0f);
+            }
+#pragma unroll
+        for (int j = 0; j < R; ++j) acc[j] = fmaf(half_f(c[j].d.v), p[j], acc[j]);
+    }
+    static __device__ __forceinline__ void dequant(const Chunk& c, float (&out)[16]) {
+        const float d = half_f(c.d.v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) out[4 * i + b] = d * byte_f(word_of(c.q, i) ^ 0x80808080u, b, MAGIC + 128.0f);
+    }
+};
+
+typedef Nibbles<0, 8, SCALE_D, 32, 0, 2> Q4_0;
+typedef Nibbles<0, 0, SCALE_D_MIN, 32, 0, 4> Q4_1;
+typedef Nibbles<1, 16, SCALE_D, 32, 0, 2> Q5_0;
+typedef Nibbles<1, 0, SCALE_D_MIN, 32, 0, 4> Q5_1;
+typedef Crumbs<false> Q2_K;
+typedef Crumbs<true> Q3_K;
+typedef Nibbles<0, 0, SCALE_DSC_DMIN, 256, 2, 4> Q4_K;
+typedef Nibbles<1, 0, SCALE_DSC_DMIN, 256, 2, 4> Q5_K;
+typedef Nibbles<2, 32, SCALE_DSC_PAIR, 256, 2, 2> Q6_K;
