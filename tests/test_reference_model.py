@@ -148,3 +148,76 @@ def test_bad_arguments():
     with pytest.raises(GDecodeError, match="out of range"):
         ref.prefill([1, cfg.vocab_size])
     assert ref.pos == 0
+
+
+def test_context_of_one_and_exact_messages():
+    cfg, w = make("llama3", np.random.default_rng(1))
+    ref = ReferenceModel(cfg, w, 1)
+    assert close(ref.prefill([7]), plain_logits(cfg, w, [7])[0]) < TOL
+    for ctx, splits in ((0, 1), (8, 0)):
+        with pytest.raises(GDecodeError, match="^max_context and attn_splits must be >= 1$"):
+            ReferenceModel(cfg, w, ctx, attn_splits=splits)
+    with pytest.raises(GDecodeError, match="^prefill needs at least one token$"):
+        ref.prefill(np.zeros(0, np.int64))
+
+
+def test_ids_of_any_shape_and_integer_type():
+    cfg, w = make("qwen2", np.random.default_rng(2))
+    ids = [3, 1, 4, 1, 5, 9]
+    want = ReferenceModel(cfg, w, 8).prefill(ids, return_all=True)
+    got = ReferenceModel(cfg, w, 8).prefill(np.array(ids, np.int32).reshape(2, 3), return_all=True)
+    assert np.array_equal(got, want)
+
+
+def test_tied_config_uses_the_embedding():
+    cfg, w = make("qwen2", np.random.default_rng(3))
+    assert cfg.tie_word_embeddings
+    other = ModelWeights(w.embed, w.layers, w.final_norm, (w.embed * 3 + 1).astype(np.float32))
+    want = ReferenceModel(cfg, w, 8).prefill([1, 2])
+    assert np.array_equal(ReferenceModel(cfg, other, 8).prefill([1, 2]), want)
+    untied = dataclasses.replace(cfg, tie_word_embeddings=False)
+    assert not np.array_equal(ReferenceModel(untied, other, 8).prefill([1, 2]), want)
+
+
+def cast(w: ModelWeights, dtype) -> ModelWeights:
+    def c(a):
+        return None if a is None else a.astype(dtype)
+
+    embed = c(w.embed)
+    layers = [LayerWeights(**{k: c(a) for k, a in vars(lw).items()}) for lw in w.layers]
+    return ModelWeights(embed, layers, c(w.final_norm), embed if w.lm_head is w.embed else c(w.lm_head))
+
+
+def test_half_precision_weights_compute_in_float32():
+    import ml_dtypes
+
+    cfg, w = make("qwen3", np.random.default_rng(4))
+    for dtype in (ml_dtypes.bfloat16, np.float16):
+        half = cast(w, dtype)
+        ref = ReferenceModel(cfg, half, 8)
+        assert ref.embed.dtype == np.float32
+        assert all(a.dtype == np.float32 for a in vars(ref.layers[0]).values() if a is not None)
+        got = ref.prefill([5, 6, 7])
+        assert got.dtype == np.float32
+        assert np.array_equal(got, ReferenceModel(cfg, cast(half, np.float32), 8).prefill([5, 6, 7]))
+
+
+def test_decode_runs_split_kv_and_prefill_runs_causal(monkeypatch):
+    from engine import reference
+
+    calls = []
+    for name in ("split_kv_attention", "causal_attention"):
+        real = getattr(reference, name)
+
+        def spy(*args, _real=real, _name=name, **kw):
+            calls.append((_name, args[3:], kw))
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(reference, name, spy)
+    cfg, w = make("mha", np.random.default_rng(5))
+    ref = ReferenceModel(cfg, w, 16, attn_splits=3)
+    ref.prefill([1, 2, 3])
+    assert [c[0] for c in calls] == ["causal_attention"] * cfg.num_layers
+    calls.clear()
+    ref.decode(4)
+    assert calls == [("split_kv_attention", (4, 3), {})] * cfg.num_layers
