@@ -1,4 +1,4 @@
-"""`gdecode generate` sampling options: bad values, --logprobs JSON lines, the seed in use."""
+"""`gdecode generate` and `chat` sampling options: bad values, --logprobs JSON lines, the seed in use."""
 
 import json
 import math
@@ -30,6 +30,21 @@ def tiny(tmp_path_factory):
 ])
 def test_bad_sampling_options(tiny, backend, args, needle):
     assert_one_line_error(gdecode("generate", "hi", "--model", tiny, "--backend", backend, *args), needle)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--temperature", "-1"), "temperature"),
+    (("--top-k", "-1"), "top_k"),
+    (("--top-p", "0"), "top_p"),
+    (("--min-p", "1.5"), "min_p"),
+    (("--repeat-penalty", "nan"), "repeat_penalty"),
+    (("--repeat-last-n", "-2"), "repeat_last_n"),
+    (("--presence-penalty", "inf"), "presence_penalty"),
+    (("--frequency-penalty", "nan"), "frequency_penalty"),
+])
+def test_chat_checks_each_sampling_option(tiny, args, needle):
+    """chat shares generate's sampling options: each value reaches its own SamplingParams field."""
+    assert_one_line_error(gdecode("chat", "--model", tiny, "--backend", "numpy", *args, stdin=""), needle)
 
 
 def test_logprobs_json_lines_and_seed(tiny):
