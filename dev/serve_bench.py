@@ -51,15 +51,17 @@ def load(args):
     return RandomLLM()
 
 
-def baseline(llm, ids, tokens: int, repeats: int) -> dict:
-    """tok/s and ttft of the backend's stream, detokenized, as `gdecode generate` counts them."""
+def baseline(llm, messages, tokens: int, repeats: int) -> dict:
+    """tok/s and ttft of the backend's stream, detokenized, as `gdecode generate` counts them (its time
+    to first token runs from before the prompt is rendered and tokenized)."""
     from engine.sampling import SamplingParams
     from engine.tokenizer import StreamDecoder
 
     rates, ttfts = [], []
     for _ in range(repeats + 1):  # the first run warms up
         t0 = time.perf_counter()
-        dec = StreamDecoder(llm.tokenizer)
+        ids = llm.tokenizer.encode_chat(messages, max_tokens=llm.max_context)
+        dec = StreamDecoder(llm.tokenizer, context=ids)
         stream = llm.backend.generate(ids, SamplingParams(temperature=0.0, max_new_tokens=tokens), tokens)
         t_first = None
         for tok in stream:
@@ -114,8 +116,9 @@ def serve(args):
 
     def load_and_measure():
         llm = load(args)
-        ids = llm.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
-        base = baseline(llm, ids, args.tokens, args.repeats)
+        messages = [{"role": "user", "content": PROMPT}]
+        ids = llm.tokenizer.encode_chat(messages)
+        base = baseline(llm, messages, args.tokens, args.repeats)
         chat_probe(llm)  # warm-up
         Path(args.baseline_out).write_text(json.dumps({**base, "prompt_tokens": len(ids), "chat": chat_probe(llm)}))
         return llm
