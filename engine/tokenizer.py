@@ -10,6 +10,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
 from engine.chat_template import MAX_CHARS, MAX_SECONDS, ChatTemplate
+from engine.chat_tokens import IncrementalEncoder
 from engine.config import ModelConfig
 from engine.errors import GDecodeError
 
@@ -68,6 +69,7 @@ class Tokenizer:
         probe = tok.encode("a", add_special_tokens=True).ids
         self._post_bos = self.bos_id is not None and probe[:1] == [self.bos_id]
         self._template = None
+        self._chat_ids = IncrementalEncoder(tok)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, cfg: ModelConfig | None = None) -> Tokenizer:
@@ -161,11 +163,13 @@ class Tokenizer:
         With max_tokens, messages that cannot fit are refused before rendering, and the template may
         make at most max_text_bytes(max_tokens) characters."""
         if max_tokens is None:
-            return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+            return self._chat_ids.encode(self.apply_chat_template(messages, add_generation_prompt))
         content = "".join(str(m.get("content") or "") for m in messages if isinstance(m, dict))
         self.check_length(content, max_tokens, "the messages")
         text = self.apply_chat_template(messages, add_generation_prompt, max_chars=self.max_text_bytes(max_tokens))
-        return self.encode(text, add_special_tokens=False, max_tokens=max_tokens)
+        self.check_length(text, max_tokens)
+        # the last conversation's text up to a special token is not tokenized again (engine/chat_tokens.py)
+        return self._chat_ids.encode(text)
 
 
 def _chunks(text: str, size: int):
