@@ -4,7 +4,8 @@ Per chunk of T tokens and per layer: RMSNorm -> fused QKV GEMM -> bias, q/k norm
 K/V append -> causal flash attention over the cache -> output GEMM (+= residual) -> RMSNorm ->
 fused gate/up GEMM -> SiLU gate -> down GEMM (+= residual). The residual stream is fp32, the GEMM
 inputs bf16, the GEMMs cuBLAS on tensor cores with fp32 accumulation. A matrix in a block format is
-dequantized into one bf16 scratch (the size of the largest matrix) right before its GEMM.
+dequantized a slice of rows at a time into a small bf16 scratch, each slice's GEMM right after it
+(graphs/dequant_gemm.py).
 
 The decode step then continues from the cache: `ready` prefills all but the last prompt token
 and points the device state at that one, so the captured step runs it and samples its successor.
@@ -19,8 +20,9 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.errors import GDecodeError, check_tokens
 from graphs.buffers import DecodeBuffers, DeviceWeights
+from graphs.dequant_gemm import DequantGemm, lanes_for
 from graphs.linear import linear
-from graphs.quant_weights import DequantGemm, dequant_scratch, is_blocks
+from graphs.quant_weights import is_blocks
 from kernels import gemv_ops
 from kernels import prefill_ops as pops
 from kernels.tuning import Tuning
@@ -71,12 +73,12 @@ class Prefill:
         else:
             self.embed = pops.embed_rows(weights.embed, bufs.prompt, self.x, chunk=chunk, hidden=h,
                                          vocab=cfg.vocab_size)
-        self.scratch = dequant_scratch(weights, stream)
+        self.lanes = lanes_for(weights, stream, pt)
 
         def gemm(w, x, y, n, k, accumulate=False):
-            if self.scratch is None or not is_blocks(w):
+            if not is_blocks(w):
                 return pops.Gemm(w, x, y, n, k, accumulate)
-            return DequantGemm(w, self.scratch, x, y, n, k, stream, accumulate)
+            return DequantGemm(w, self.lanes, x, y, n, k, accumulate, pt)
 
         self.layers = []
         for i, lw in enumerate(weights.layers):

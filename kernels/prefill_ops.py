@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from kernels.launch import Launch
+from kernels.launch import Launch, device_pointer
 from kernels.numerics import softmax_scale2
 from kernels.ops import module, sm_count
 from kernels.tuning import PrefillTuning
@@ -113,22 +113,22 @@ class Gemm:
 
     W and x are bf16 bits (uint16), y is fp32; accumulation is fp32. Call inside `with stream:`
     (CuPy points its cuBLAS handle at the current stream on every call).
+
+    With ld_y, y is a column block of a wider output: y[t, j] at element t * ld_y + j (y may be an address).
     """
 
-    def __init__(self, w, x, y, n: int, k: int, accumulate: bool = False):
+    def __init__(self, w, x, y, n: int, k: int, accumulate: bool = False, ld_y: int | None = None):
         from cupy_backends.cuda.libs import cublas
 
-        from kernels.launch import device_pointer
-
         self._gemm_ex = cublas.gemmEx
-        self.n, self.k = n, k
+        self.n, self.k, self.ld_y = n, k, n if ld_y is None else ld_y
         self.w, self.x, self.y = device_pointer(w), device_pointer(x), device_pointer(y)
         self.alpha, self.beta = _ONE.ctypes.data, (_ONE if accumulate else _ZERO).ctypes.data
 
     def __call__(self, handle: int, t: int):
         # column-major view: y^T [n, T] = op(W)[n, k] x^T [k, T], W stored as [k, n] with ld k
         self._gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, self.n, t, self.k, self.alpha, self.w, CUDA_R_16BF, self.k,
-                      self.x, CUDA_R_16BF, self.k, self.beta, self.y, CUDA_R_32F, self.n, CUBLAS_COMPUTE_32F,
+                      self.x, CUDA_R_16BF, self.k, self.beta, self.y, CUDA_R_32F, self.ld_y, CUBLAS_COMPUTE_32F,
                       CUBLAS_GEMM_DEFAULT)
 
 
@@ -141,3 +141,50 @@ def cublas_handle(stream) -> int:
     cublas.setStream(handle, stream.ptr)
     cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST)
     return handle
+
+
+class Lane:
+    """A stream of its own with its own cuBLAS handle (host scalars), for GEMMs that run beside the
+    prefill's stream; `done` is recorded on it to join."""
+
+    def __init__(self):
+        import cupy
+        from cupy_backends.cuda.libs import cublas
+
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.handle = cublas.create()
+        cublas.setStream(self.handle, self.stream.ptr)
+        cublas.setPointerMode(self.handle, CUBLAS_POINTER_MODE_HOST)
+        self.done = cupy.cuda.Event(disable_timing=True)
+        self._destroy = cublas.destroy
+
+    def __del__(self):
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle is not None:
+            self._destroy(handle)
+
+
+DEQUANT_THREADS = 128  # threads per dequant_rows block (its THREADS)
+
+
+def dequant_items(fmt: str, items: int) -> int:
+    """Chunks per dequant_rows thread for `items` 32-weight chunks' worth (Q8_0 chunks hold 16, Q2_K 64)."""
+    from kernels.quant_layout import fmt_of
+
+    return max(1, items * 32 // fmt_of(fmt).chunk)
+
+
+def dequant_rows(w, out, r0: int, rows: int, *, items: int = _DEFAULT.dequant_items,
+                 stage: bool = _DEFAULT.dequant_stage) -> Launch:
+    """out [rows, cols] bf16 bits = rows r0..r0+rows-1 of a QuantWeight, dequantized and rounded to bf16."""
+    from kernels.quant_layout import fmt_of
+
+    f = fmt_of(w.fmt)
+    chunks = rows * (w.cols // f.chunk)
+    if not 0 <= r0 < r0 + rows <= w.rows or chunks >= 2**31:
+        raise ValueError(f"rows {r0}..{r0 + rows} of a {w.rows}-row matrix")
+    per = dequant_items(f.name, items)
+    mod = module("dequant", FORMAT=f.name.upper(), K=w.cols, ITEMS=per, STAGE=int(stage), THREADS=DEQUANT_THREADS)
+    src = device_pointer(w.data) + r0 * w.row_bytes
+    return mod.function("dequant_rows", "PPi").prepare(math.ceil(chunks / (per * DEQUANT_THREADS)), DEQUANT_THREADS,
+                                                       [src, out, rows])
