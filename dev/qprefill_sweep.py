@@ -1,8 +1,15 @@
-"""Quantized prefill on a random shape: pp512 over slice sizes, lanes and dequant_rows variants, each
-checked bit for bit against whole matrices; where the time goes (GEMMs alone, dequantization alone);
-dequant_rows alone in GB/s against the copy bandwidth.
+"""Quantized prefill on a random shape: pp512 with the next matrix dequantized ahead on a side stream
+or not, and with dequant_rows' plain stores (the earlier kernel's), each checked bit for bit against
+one stream; where the time goes (GEMMs alone, dequantization alone); dequant_rows alone in GB/s
+against the copy bandwidth.
 
-    PYTHONPATH=. python3 dev/qprefill_sweep.py [--shape llama3-8b] [--quant q4_k_m] [--quick]
+Measured on the H200 (llama3-8b q4_k_m, copy 4,261 GB/s), before the side stream: whole matrices with
+plain stores 21.0 ms (24,361 tok/s), with staged stores 16.9 ms (30,364). Slices of rows (8-64 MB of
+bf16, over 1-3 streams, each slice's GEMM right after its dequantization) were all slower, 18.7-33 ms,
+and not bit-identical: cuBLAS picks other kernels for the narrower GEMMs, which cost more (12.6 ms of
+GEMMs whole, 14.3 ms in 32 MB slices, 17.9 ms in 16 MB) than the L2 saves.
+
+    PYTHONPATH=. python3 dev/qprefill_sweep.py [--shape llama3-8b] [--quant q4_k_m]
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ def dequant_alone(cp, s, w, copy_gbs):
     step = 16 * MB // (2 * k)
     small = cp.empty(step * k, cp.uint16)
     nbytes = w.nbytes + 2 * rows * k
-    for items, stage in [(1, False), (2, False), (4, False), (1, True), (4, True)]:
+    for items, stage in [(1, False), (1, True), (2, True)]:
         whole = [pops.dequant_rows(w, big, 0, rows, items=items, stage=stage)]
         sliced = [pops.dequant_rows(w, small, r0, min(step, rows - r0), items=items, stage=stage)
                   for r0 in range(0, rows, step)]
@@ -57,14 +64,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="llama3-8b")
     ap.add_argument("--quant", default="q4_k_m")
-    ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     import cupy as cp
 
     from engine.shapes import shape
     from graphs.buffers import DecodeBuffers, DeviceWeights
-    from graphs.dequant_gemm import DequantGemm
     from graphs.prefill import Prefill
+    from kernels import prefill_ops as pops
     from kernels.bandwidth import copy_bandwidth
     from kernels.cuda import init, shared_stream
     from kernels.tuning import PrefillTuning, Tuning
@@ -82,52 +88,41 @@ def main():
     print(f"{args.shape} {args.quant}: weights in {time.time() - t0:.1f} s", flush=True)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 512)
 
-    def build(pt):
-        return Prefill(cfg, w, bufs, s, Tuning(prefill=pt))
+    def build(pt, stage=True):
+        pf = Prefill(cfg, w, bufs, s, Tuning(prefill=pt))
+        if not stage:
+            for g in pf.ahead.gemms:
+                base = pf.ahead.scratch[g.slot].data.ptr
+                g.fill = [pops.dequant_rows(p, base + 2 * r0 * g.k, 0, p.rows, stage=False)
+                          for p, r0 in zip(g.parts, g.offsets, strict=False)]
+        return pf
 
-    base = PrefillTuning(dequant_slice=0, dequant_lanes=1, dequant_items=1, dequant_stage=False)
-    pf = build(base)
-    ms0 = median_ms(cp, s, lambda: pf.run(ids))
-    want = (bufs.k_cache.copy(), bufs.v_cache.copy(), pf.x.copy())
-    s.synchronize()
-    print(f"whole matrices, items 1, plain stores (the old prefill): {ms0:.2f} ms = {512 / ms0 * 1e3:,.0f} tok/s",
-          flush=True)
-    pf = None
-
-    grid = [dict(dequant_slice=0, dequant_items=4, dequant_stage=False),
-            dict(dequant_slice=0, dequant_items=4, dequant_stage=True),
-            dict(dequant_slice=0, dequant_items=1, dequant_stage=True)]
-    for mb in ([16] if args.quick else [8, 16, 24, 32, 64]):
-        for lanes in (1, 2, 3):
-            grid.append(dict(dequant_slice=mb * MB, dequant_lanes=lanes, dequant_items=4, dequant_stage=True))
-    grid += [dict(dequant_slice=16 * MB, dequant_lanes=2, dequant_items=4, dequant_stage=False),
-             dict(dequant_slice=16 * MB, dequant_lanes=2, dequant_items=1, dequant_stage=False),
-             dict(dequant_slice=16 * MB, dequant_lanes=4, dequant_items=4, dequant_stage=True)]
-    best = (ms0, base)
-    for g in grid:
-        pt = PrefillTuning(**g)
-        pf = build(pt)
+    want = None
+    for name, pt, stage in [("one stream, plain stores (the old prefill)", PrefillTuning(dequant_ahead=False), False),
+                            ("one stream", PrefillTuning(dequant_ahead=False), True),
+                            ("dequantized ahead", PrefillTuning(dequant_ahead=True), True),
+                            ("dequantized ahead, plain stores", PrefillTuning(dequant_ahead=True), False)]:
+        pf = build(pt, stage)
         ms = median_ms(cp, s, lambda: pf.run(ids))  # noqa: B023
-        same = all(bool(cp.array_equal(a, b)) for a, b in zip((bufs.k_cache, bufs.v_cache, pf.x), want, strict=True))
-        # where the time goes: the same slices without their dequantization, and without their GEMMs
-        gemms = [ly_op for ly in pf.layers for ly_op in (ly.qkv, ly.wo, ly.gate_up, ly.down)
-                 if isinstance(ly_op, DequantGemm)]
-        saved = [g_.slices for g_ in gemms]
-        for g_ in gemms:
-            g_.slices = [(lane, [], gemm) for lane, _, gemm in g_.slices]
+        got = (bufs.k_cache.copy(), bufs.v_cache.copy(), pf.x.copy())
+        if want is None:
+            want = got
+        same = all(bool(cp.array_equal(a, b)) for a, b in zip(got, want, strict=True))
+        fills = [g.fill for g in pf.ahead.gemms]
+        for g in pf.ahead.gemms:
+            g.fill = []
         ms_gemm = median_ms(cp, s, lambda: pf.run(ids), reps=3)  # noqa: B023
-        for g_, sl in zip(gemms, saved, strict=True):
-            g_.slices = [(lane, fill, lambda h, t: None) for lane, fill, _ in sl]
+        gemms = [g.gemm for g in pf.ahead.gemms]
+        for g, f in zip(pf.ahead.gemms, fills, strict=True):
+            g.fill, g.gemm = f, (lambda h, t: None)
+            pf.ahead.holder = [None] * len(pf.ahead.holder)
         ms_deq = median_ms(cp, s, lambda: pf.run(ids), reps=3)  # noqa: B023
-        for g_, sl in zip(gemms, saved, strict=True):
-            g_.slices = sl
-        print(f"{g}: {ms:.2f} ms = {512 / ms * 1e3:,.0f} tok/s, bitwise equal {same}; "
+        for g, gm in zip(pf.ahead.gemms, gemms, strict=True):
+            g.gemm = gm
+        print(f"{name}: {ms:.2f} ms = {512 / ms * 1e3:,.0f} tok/s, bitwise equal {same}; "
               f"without dequant {ms_gemm:.2f} ms, without GEMMs {ms_deq:.2f} ms", flush=True)
-        if same and ms < best[0]:
-            best = (ms, pt)
-        pf = gemms = saved = None
+        pf = got = None
         cp.get_default_memory_pool().free_all_blocks()
-    print(f"best: {best[1]} {512 / best[0] * 1e3:,.0f} tok/s", flush=True)
 
     ly = w.layers[0]
     for m in (ly.w_gate_up, ly.w_down):

@@ -1,121 +1,124 @@
-"""The prefill's GEMMs over block-format matrices: the rows are dequantized a slice at a time into a
-bf16 scratch and each slice's GEMM runs right after, so the slice's bf16 is still in L2 when the GEMM
-reads it. Slices alternate over lanes (the prefill's stream and side streams, each with its own
-scratch), so one slice's dequantization runs beside another's GEMM. Every output element is one
-GEMM's dot product over the whole row, as with the matrix dequantized whole; the slices only split
-the output's columns.
+"""The prefill's GEMMs over block-format matrices: each matrix is dequantized whole into a bf16 scratch,
+then multiplied by cuBLAS. With `ahead`, two scratches alternate and a side stream dequantizes the
+next matrix into one while the prefill's stream runs the GEMM over the other (and the kernels up to
+the next GEMM), so the dequantization's memory traffic hides under the GEMMs' math. Either way each
+GEMM is the same call over the same bf16 values: the results are bit-identical.
 """
 
 from __future__ import annotations
 
-import math
-
-from graphs.quant_weights import StackedWeight, is_blocks
+from graphs.quant_weights import StackedWeight
 from kernels import prefill_ops as pops
 from kernels.launch import device_pointer
-from kernels.tuning import PrefillTuning
 
-SLICE_ALIGN = 128  # slices of at least this many rows hold a multiple of it (whole GEMM tiles)
-BF16, F32 = 2, 4
-
-
-def slice_rows(n: int, k: int, slice_bytes: int, align: int = SLICE_ALIGN) -> list[tuple[int, int]]:
-    """Row ranges [a, b) that cover 0..n in order, each of at most slice_bytes of bf16 (rows of k) and
-    at least one row, as even as `align` allows; slice_bytes 0 gives the whole matrix."""
-    rows = slice_bytes // (BF16 * k) if slice_bytes > 0 else n
-    if rows >= n:
-        return [(0, n)]
-    rows = max(1, rows)
-    if rows >= align:
-        rows -= rows % align
-    even = math.ceil(n / math.ceil(n / rows))
-    if rows >= align:
-        even = min(rows, math.ceil(even / align) * align)
-    return [(a, min(n, a + even)) for a in range(0, n, even)]
+BF16 = 2
+SPARE = 512 << 20  # device memory a second scratch must leave free (the decode step allocates after)
 
 
-def pieces(offsets, a: int, b: int) -> list[tuple[int, int, int, int]]:
-    """The parts that rows a..b-1 of a stack (part i holds rows offsets[i]..offsets[i+1]-1) cross:
-    (part, first row within the part, rows, first row within the slice)."""
-    out = []
-    for i, (p0, p1) in enumerate(zip(offsets, offsets[1:], strict=False)):
-        lo, hi = max(a, p0), min(b, p1)
-        if lo < hi:
-            out.append((i, lo - p0, hi - lo, lo - a))
-    return out
-
-
-def _parts(w):
-    return (w.parts, w.offsets) if isinstance(w, StackedWeight) else ((w,), (0, w.rows))
-
-
-class Lanes:
-    """The prefill's stream (lane 0, with the cuBLAS handle the caller passes) and side lanes, each
-    with a bf16 scratch of `elems` elements. Allocated once."""
-
-    def __init__(self, stream, count: int, elems: int):
-        import cupy as cp
-
-        self.stream = stream
-        self.side = [pops.Lane() for _ in range(count - 1)]
-        self.fork = cp.cuda.Event(disable_timing=True)
-        with stream:
-            self.scratch = [cp.empty(elems, cp.uint16) for _ in range(count)]
-
-    def __len__(self) -> int:
-        return len(self.scratch)
-
-    def begin(self, used: int):
-        """Side lanes 1..used-1 wait for the work queued so far on the prefill's stream."""
-        if used > 1:
-            self.fork.record(self.stream)
-            for lane in self.side[: used - 1]:
-                lane.stream.wait_event(self.fork)
-
-    def end(self, used: int):
-        """The prefill's stream waits for side lanes 1..used-1."""
-        for lane in self.side[: used - 1]:
-            lane.done.record(lane.stream)
-            self.stream.wait_event(lane.done)
+def ahead_plan(count: int, slots: int) -> tuple[list[int], list[int | None]]:
+    """(slot of each GEMM, the GEMM whose dequantization each one starts ahead) for `count` GEMMs that
+    run in order, wrapping around to the first, over `slots` scratches: GEMM i reads slot i % slots
+    and starts GEMM i + 1's dequantization when that one's slot is another (None otherwise)."""
+    slot = [i % slots for i in range(count)]
+    nxt = [(i + 1) % count for i in range(count)]
+    return slot, [j if slot[j] != slot[i] else None for i, j in enumerate(nxt)]
 
 
 class DequantGemm:
-    """y[T, n] (+)= x[T, k] W^T for a block-format W (QuantWeight or StackedWeight): per slice of rows,
-    dequantize into the lane's scratch, then the cuBLAS GEMM of those rows into their columns of y.
-    Same call as kernels.prefill_ops.Gemm."""
+    """y[T, n] (+)= x[T, k] W^T for a block-format W (QuantWeight or StackedWeight): each part
+    dequantized into its rows of a scratch of `Ahead`, then the cuBLAS GEMM. Same call as
+    kernels.prefill_ops.Gemm."""
 
-    def __init__(self, w, lanes: Lanes, x, y, n: int, k: int, accumulate: bool = False,
-                 tuning: PrefillTuning = PrefillTuning()):
-        parts, offsets = _parts(w)
-        if offsets[-1] != n:
-            raise ValueError(f"a matrix of {offsets[-1]} rows for an output of {n}")
-        self.lanes, y0 = lanes, device_pointer(y)
-        self.slices = []
-        for j, (a, b) in enumerate(slice_rows(n, k, tuning.dequant_slice)):
-            lane = j % len(lanes)
-            buf = device_pointer(lanes.scratch[lane])
-            fill = [pops.dequant_rows(parts[i], buf + BF16 * s * k, r0, rows, items=tuning.dequant_items,
-                                      stage=tuning.dequant_stage) for i, r0, rows, s in pieces(offsets, a, b)]
-            self.slices.append((lane, fill, pops.Gemm(buf, x, y0 + F32 * a, b - a, k, accumulate, ld_y=n)))
-        self.used = min(len(self.slices), len(lanes))
+    def __init__(self, w, ahead: Ahead, x, y, n: int, k: int, accumulate: bool = False):
+        parts, offsets = (w.parts, w.offsets) if isinstance(w, StackedWeight) else ((w,), (0, w.rows))
+        if offsets[-1] != n or parts[0].cols != k:
+            raise ValueError(f"a [{offsets[-1]}, {parts[0].cols}] matrix for a GEMM of [{n}, {k}]")
+        self.ahead, self.parts, self.offsets, self.k = ahead, parts, offsets, k
+        self.x, self.y, self.n, self.accumulate = x, y, n, accumulate
+        self.slot, self.fill, self.gemm = 0, [], None
+        ahead.add(self)
+
+    def bind(self, slot: int, scratch):
+        """Prepare the dequantization into, and the GEMM from, scratch `slot`."""
+        base = device_pointer(scratch)
+        self.slot = slot
+        self.fill = [pops.dequant_rows(p, base + BF16 * r0 * self.k, 0, p.rows)
+                     for p, r0 in zip(self.parts, self.offsets, strict=False)]
+        self.gemm = pops.Gemm(base, self.x, self.y, self.n, self.k, self.accumulate)
 
     def __call__(self, handle: int, t: int):
-        lanes = self.lanes
-        lanes.begin(self.used)
-        for lane, fill, gemm in self.slices:
-            s, h = (lanes.stream, handle) if lane == 0 else (lanes.side[lane - 1].stream, lanes.side[lane - 1].handle)
-            for launch in fill:
-                launch(s)
-            gemm(h, t)
-        lanes.end(self.used)
+        self.ahead.run(self, handle, t)
 
 
-def lanes_for(weights, stream, tuning: PrefillTuning) -> Lanes | None:
-    """Lanes for the block-format layer matrices of `weights` (None when there are none): as many as
-    the most slices of one matrix, up to tuning.dequant_lanes, with scratch for the largest slice."""
-    mats = [m for lw in weights.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down) if is_blocks(m)]
-    if not mats:
-        return None
-    plans = [(slice_rows(m.rows, m.cols, tuning.dequant_slice), m.cols) for m in mats]
-    elems = max((b - a) * k for plan, k in plans for a, b in plan)
-    return Lanes(stream, min(tuning.dequant_lanes, max(len(plan) for plan, _ in plans)), elems)
+class Ahead:
+    """The scratches and the side stream of the DequantGemms of one prefill, in the order they run.
+
+    `holder[s]` is the GEMM whose values scratch s holds (or will, in the side stream's order): a GEMM
+    whose matrix is already there dequantizes nothing. Events: ready[s] after a dequantization into s,
+    free[s] after a GEMM from s (the next dequantization into s waits for it).
+    """
+
+    def __init__(self, stream, ahead: bool):
+        self.stream, self.use_side = stream, ahead
+        self.gemms: list[DequantGemm] = []
+        self.next: list[DequantGemm | None] = []
+
+    def add(self, g: DequantGemm):
+        self.gemms.append(g)
+
+    def allocate(self):
+        """Once every GEMM is added: scratches for the largest matrix, slots, events, the side stream.
+        A second scratch only where it leaves SPARE bytes free (the KV cache may have taken the rest)."""
+        import cupy as cp
+
+        if not self.gemms:
+            return
+        elems = max(g.n * g.k for g in self.gemms)
+        slots = 1
+        if self.use_side and len(self.gemms) > 1:
+            pool = cp.get_default_memory_pool()
+            free = cp.cuda.runtime.memGetInfo()[0] + pool.free_bytes()
+            slots = 2 if free >= 2 * BF16 * elems + SPARE else 1
+        with self.stream:
+            self.scratch = [cp.empty(elems, cp.uint16) for _ in range(slots)]
+        self.side = cp.cuda.Stream(non_blocking=True) if slots > 1 else None
+        self.ready = [cp.cuda.Event(disable_timing=True) for _ in range(slots)]
+        self.free = [cp.cuda.Event(disable_timing=True) for _ in range(slots)]
+        self.done = cp.cuda.Event(disable_timing=True)
+        self.holder: list[DequantGemm | None] = [None] * slots
+        slot, nxt = ahead_plan(len(self.gemms), slots)
+        for g, s in zip(self.gemms, slot, strict=True):
+            g.bind(s, self.scratch[s])
+        self.next = [None if j is None else self.gemms[j] for j in nxt]
+        self._index = {id(g): i for i, g in enumerate(self.gemms)}
+
+    def _dequantize(self, g: DequantGemm):
+        s = g.slot
+        if self.holder[s] is g:
+            return
+        self.holder[s] = g
+        if self.side is None:
+            for launch in g.fill:
+                launch(self.stream)
+            return
+        self.side.wait_event(self.free[s])
+        for launch in g.fill:
+            launch(self.side)
+        self.ready[s].record(self.side)
+
+    def run(self, g: DequantGemm, handle: int, t: int):
+        self._dequantize(g)
+        nxt = self.next[self._index[id(g)]]
+        if nxt is not None:
+            self._dequantize(nxt)
+        if self.side is not None:
+            self.stream.wait_event(self.ready[g.slot])
+        g.gemm(handle, t)
+        if self.side is not None:
+            self.free[g.slot].record(self.stream)
+
+    def join(self):
+        """The prefill's stream waits for every dequantization started ahead."""
+        if self.gemms and self.side is not None:
+            self.done.record(self.side)
+            self.stream.wait_event(self.done)

@@ -3,14 +3,14 @@
 // value is ggml's: one exact product and at most one rounding, as gemv_formats.cuh's dequant does.
 // budget: embed_quant=64 dequant_rows=64 embed_rows_quant=64
 // defines: FORMAT=Q4_K K=4096
-// defines: FORMAT=Q4_K K=4096 ITEMS=4 STAGE=1
+// defines: FORMAT=Q4_K K=4096 ITEMS=4 STAGE=0
 // defines: FORMAT=Q6_K K=4096 ITEMS=4 STAGE=1
 // defines: FORMAT=Q6_K K=4096
 // defines: FORMAT=Q8_0 K=896
 // defines: FORMAT=Q8_0 K=4096 ITEMS=8 STAGE=1
 // defines: FORMAT=Q4_0 K=4096 ITEMS=4 STAGE=0
 // defines: FORMAT=Q2_K K=256
-// defines: FORMAT=Q2_K K=4096 ITEMS=2 STAGE=1
+// defines: FORMAT=Q2_K K=4096 STAGE=0
 // defines: FORMAT=Q5_K K=4096 ITEMS=4 STAGE=0
 // defines: FORMAT=Q3_K K=256 ITEMS=2 STAGE=1
 // defines: FORMAT=Q5_0 K=96
@@ -22,7 +22,7 @@
 #define ITEMS 1
 #endif
 #ifndef STAGE
-#define STAGE 0
+#define STAGE 1
 #endif
 #ifndef THREADS
 #define THREADS 128
@@ -61,13 +61,12 @@ extern "C" __global__ void embed_quant(const unsigned char* __restrict__ table, 
     store_f32(x + (size_t)k * W, v);
 }
 
-// 8 floats -> 8 bf16, rounded to nearest even by the hardware's paired convert; a NaN (which the
-// convert would make 0x7fff) takes f2bf's 0x7fc0, so the bits equal store_bf16's
+// two floats -> two bf16, rounded to nearest even by the hardware's paired convert: f2bf's bits for
+// every finite value, and the values here are finite (half_f reads every fp16 scale as a finite float)
 __device__ __forceinline__ unsigned cvt_bf2(float lo, float hi) {
     unsigned r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    r = lo != lo ? (r & 0xffff0000u) | 0x7fc0u : r;
-    return hi != hi ? (r & 0xffffu) | 0x7fc00000u : r;
+    return r;
 }
 
 __device__ __forceinline__ uint4 bf16_piece(const float* v) {

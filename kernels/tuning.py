@@ -30,16 +30,11 @@ class PrefillTuning:
     chunk: int = 512  # prompt positions per pass (the scratch buffers' row count)
     attn_warps: int = 4  # warps per prefill_attn block (16 query rows each)
     row_warps: int = 4  # warps per block of the per-token row kernels (one row or head each)
-    # a block-format matrix is dequantized and multiplied in slices of rows of at most this many bf16
-    # bytes (0: whole matrices), the slices alternating over `dequant_lanes` streams with a scratch each
-    dequant_slice: int = 16 << 20
-    dequant_lanes: int = 2
-    dequant_items: int = 4  # 32-weight chunks per dequant_rows thread (scaled for other chunk sizes)
-    dequant_stage: bool = True  # dequant_rows stores through shared memory, unit-stride
+    # a side stream dequantizes the next block-format matrix into a second scratch during each GEMM
+    dequant_ahead: bool = True
 
     def __post_init__(self):
         assert self.chunk >= 1 and self.attn_warps in (1, 2, 4, 8) and self.row_warps >= 1, self
-        assert self.dequant_slice >= 0 and self.dequant_lanes >= 1 and self.dequant_items >= 1, self
 
 
 @dataclass(frozen=True)
