@@ -7,7 +7,10 @@ Measured on the H200 (llama3-8b q4_k_m, copy 4,261 GB/s), before the side stream
 plain stores 21.0 ms (24,361 tok/s), with staged stores 16.9 ms (30,364). Slices of rows (8-64 MB of
 bf16, over 1-3 streams, each slice's GEMM right after its dequantization) were all slower, 18.7-33 ms,
 and not bit-identical: cuBLAS picks other kernels for the narrower GEMMs, which cost more (12.6 ms of
-GEMMs whole, 14.3 ms in 32 MB slices, 17.9 ms in 16 MB) than the L2 saves.
+GEMMs whole, 14.3 ms in 32 MB slices, 17.9 ms in 16 MB) than the L2 saves. With the side stream:
+16.7-16.8 ms (30,444-30,669 tok/s) against 17.05-17.08 on one stream; the side stream at high
+priority 16.96 ms. cuBLAS's GEMM blocks fill the SMs, so the dequantization overlaps mostly the
+attention and row kernels between GEMMs.
 
     PYTHONPATH=. python3 dev/qprefill_sweep.py [--shape llama3-8b] [--quant q4_k_m]
 """

@@ -70,15 +70,16 @@ def prefill_bits(cp, cfg, weights, bufs, stream, tuning: PrefillTuning, runs):
     from graphs.prefill import Prefill
 
     pf = Prefill(cfg, weights, bufs, stream, Tuning(prefill=tuning))
-    bufs.k_cache.fill(POISON)
-    bufs.v_cache.fill(POISON)
     out = []
-    for ids, start, logits in runs:
-        pf.x.fill(np.nan)
-        pf.logits.fill(np.nan)
-        pf.run(ids, start=start, logits=logits)
-        stream.synchronize()
-        out.append((pf.x.get(), pf.logits.get() if logits else None, bufs.k_cache.get(), bufs.v_cache.get()))
+    with stream:  # the fills on the prefill's own stream: a non-blocking stream does not wait for the legacy one
+        bufs.k_cache.fill(POISON)
+        bufs.v_cache.fill(POISON)
+        for ids, start, logits in runs:
+            pf.x.fill(np.nan)
+            pf.logits.fill(np.nan)
+            pf.run(ids, start=start, logits=logits)
+            stream.synchronize()
+            out.append((pf.x.get(), pf.logits.get() if logits else None, bufs.k_cache.get(), bufs.v_cache.get()))
     return out
 
 
