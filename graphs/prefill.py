@@ -4,7 +4,8 @@ Per chunk of T tokens and per layer: RMSNorm -> fused QKV GEMM -> bias, q/k norm
 K/V append -> causal flash attention over the cache -> output GEMM (+= residual) -> RMSNorm ->
 fused gate/up GEMM -> SiLU gate -> down GEMM (+= residual). The residual stream is fp32, the GEMM
 inputs bf16, the GEMMs cuBLAS on tensor cores with fp32 accumulation. A matrix in a block format is
-dequantized into one bf16 scratch (the size of the largest matrix) right before its GEMM.
+dequantized whole into a bf16 scratch (the size of the largest matrix) before its GEMM, on a side
+stream into a second scratch while the GEMM before it runs (graphs/dequant_gemm.py).
 
 The decode step then continues from the cache: `ready` prefills all but the last prompt token
 and points the device state at that one, so the captured step runs it and samples its successor.
@@ -19,8 +20,9 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.errors import GDecodeError, check_tokens
 from graphs.buffers import DecodeBuffers, DeviceWeights
+from graphs.dequant_gemm import Ahead, DequantGemm
 from graphs.linear import linear
-from graphs.quant_weights import DequantGemm, dequant_scratch, is_blocks
+from graphs.quant_weights import is_blocks
 from kernels import gemv_ops
 from kernels import prefill_ops as pops
 from kernels.tuning import Tuning
@@ -71,12 +73,12 @@ class Prefill:
         else:
             self.embed = pops.embed_rows(weights.embed, bufs.prompt, self.x, chunk=chunk, hidden=h,
                                          vocab=cfg.vocab_size)
-        self.scratch = dequant_scratch(weights, stream)
+        self.ahead = Ahead(stream, pt.dequant_ahead)
 
         def gemm(w, x, y, n, k, accumulate=False):
-            if self.scratch is None or not is_blocks(w):
+            if not is_blocks(w):
                 return pops.Gemm(w, x, y, n, k, accumulate)
-            return DequantGemm(w, self.scratch, x, y, n, k, stream, accumulate)
+            return DequantGemm(w, self.ahead, x, y, n, k, accumulate)
 
         self.layers = []
         for i, lw in enumerate(weights.layers):
@@ -94,6 +96,7 @@ class Prefill:
                 pops.silu_rows(self.gu, self.act, chunk=chunk, inter=inter),
                 gemm(lw.w_down, self.act, self.x, h, inter, accumulate=True),
             ))
+        self.ahead.allocate()
         self._handle = pops.cublas_handle(stream)
 
     def run(self, ids, start: int = 0, logits: bool = False):
@@ -116,6 +119,7 @@ class Prefill:
             for c0 in range(0, n, self.chunk):
                 t = min(self.chunk, n - c0)
                 self._chunk(start + c0, t, full=logits and c0 + t == n)
+            self.ahead.join()
             if not logits:
                 return None
             row = self.x[t - 1]

@@ -100,39 +100,6 @@ def is_blocks(w) -> bool:
     return is_quant(w) or isinstance(w, StackedWeight)
 
 
-def dequant_scratch(weights, stream):
-    """A bf16 buffer for the largest block-format layer matrix (the prefill dequantizes each one into
-    it before its GEMM), or None when every layer matrix is bf16."""
-    import cupy as cp
-
-    mats = [m for lw in weights.layers for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down) if is_blocks(m)]
-    if not mats:
-        return None
-    with stream:
-        return cp.empty(max(m.rows * m.cols for m in mats), cp.uint16)
-
-
-class DequantGemm:
-    """A prefill GEMM whose weight is in a block format: dequantize it into `scratch` (bf16), then
-    the cuBLAS GEMM over the scratch. Same call as kernels.prefill_ops.Gemm."""
-
-    def __init__(self, w, scratch, x, y, n: int, k: int, stream, accumulate: bool = False):
-        from kernels.gemv_ops import dequant_rows
-        from kernels.prefill_ops import Gemm
-
-        parts = w.parts if isinstance(w, StackedWeight) else (w,)
-        offsets = w.offsets if isinstance(w, StackedWeight) else (0, w.rows)
-        base = int(scratch.data.ptr)
-        self.stream = stream
-        self.dequant = [dequant_rows(p, base + 2 * r0 * k) for p, r0 in zip(parts, offsets, strict=False)]
-        self.gemm = Gemm(scratch, x, y, n, k, accumulate)
-
-    def __call__(self, handle: int, t: int):
-        for launch in self.dequant:
-            launch(self.stream)
-        self.gemm(handle, t)
-
-
 # --- llama.cpp's type per tensor (llama-quant.cpp) for the bench presets ----------------------------
 
 PRESETS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m")

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from kernels.launch import Launch
+from kernels.launch import Launch, device_pointer
 from kernels.numerics import softmax_scale2
 from kernels.ops import module, sm_count
 from kernels.tuning import PrefillTuning
@@ -118,8 +118,6 @@ class Gemm:
     def __init__(self, w, x, y, n: int, k: int, accumulate: bool = False):
         from cupy_backends.cuda.libs import cublas
 
-        from kernels.launch import device_pointer
-
         self._gemm_ex = cublas.gemmEx
         self.n, self.k = n, k
         self.w, self.x, self.y = device_pointer(w), device_pointer(x), device_pointer(y)
@@ -141,3 +139,32 @@ def cublas_handle(stream) -> int:
     cublas.setStream(handle, stream.ptr)
     cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST)
     return handle
+
+
+DEQUANT_THREADS = 128  # threads per dequant_rows block (its THREADS)
+
+
+def dequant_items(fmt: str, items: int) -> int:
+    """Chunks per dequant_rows thread for `items` 32-weight chunks' worth (Q8_0 chunks hold 16, Q2_K 64)."""
+    from kernels.quant_layout import fmt_of
+
+    return max(1, items * 32 // fmt_of(fmt).chunk)
+
+
+def dequant_rows(w, out, r0: int, rows: int, *, items: int = 1, stage: bool = True) -> Launch:
+    """out [rows, cols] bf16 bits = rows r0..r0+rows-1 of a QuantWeight, dequantized and rounded to bf16.
+
+    items: 32-weight chunks per thread; stage: stores through shared memory (unit-stride 16 bytes a
+    lane: 86% of the copy bandwidth on an H200 for Q4_K, where the plain 64-byte-stride stores reach 47%).
+    """
+    from kernels.quant_layout import fmt_of
+
+    f = fmt_of(w.fmt)
+    chunks = rows * (w.cols // f.chunk)
+    if not 0 <= r0 < r0 + rows <= w.rows or chunks >= 2**31:
+        raise ValueError(f"rows {r0}..{r0 + rows} of a {w.rows}-row matrix")
+    per = dequant_items(f.name, items)
+    mod = module("dequant", FORMAT=f.name.upper(), K=w.cols, ITEMS=per, STAGE=int(stage), THREADS=DEQUANT_THREADS)
+    src = device_pointer(w.data) + r0 * w.row_bytes
+    return mod.function("dequant_rows", "PPi").prepare(math.ceil(chunks / (per * DEQUANT_THREADS)), DEQUANT_THREADS,
+                                                       [src, out, rows])

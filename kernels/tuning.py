@@ -30,6 +30,8 @@ class PrefillTuning:
     chunk: int = 512  # prompt positions per pass (the scratch buffers' row count)
     attn_warps: int = 4  # warps per prefill_attn block (16 query rows each)
     row_warps: int = 4  # warps per block of the per-token row kernels (one row or head each)
+    # a side stream dequantizes the next block-format matrix into a second scratch during each GEMM
+    dequant_ahead: bool = True
 
     def __post_init__(self):
         assert self.chunk >= 1 and self.attn_warps in (1, 2, 4, 8) and self.row_warps >= 1, self
