@@ -1,9 +1,11 @@
 // Picks the next token on the device and advances the decode state: BLOCKS blocks of BLOCK threads, block
 // b over logits [b * SLICE, (b + 1) * SLICE), PER_THREAD per thread. The rule is engine/sampling.py's, bit for
 // bit: penalties, then greedy or z = l / T; the "records" (the Gumbel winner over all tokens, then over
-// the tokens above its z, ...) are found per block and merged after a grid barrier; every block then
-// counts the tokens and integer masses above each record's z; the last block to finish takes the
-// first record that top-k, top-p and min-p keep. No sort, and the cost hardly depends on the filters.
+// the tokens above its z, ...) are found per warp, merged per block by one warp and, after a grid
+// barrier, over all blocks by one warp of each block (a round of a merge steps once through each
+// list); every block then counts the tokens and integer masses above each record's z (only what
+// top-k and top-p need); the last block to finish takes the first record that top-k, top-p and min-p
+// keep. No sort, no block-wide barrier per round, and the cost hardly depends on the filters.
 // Sums are integers (exact in any order) and exp/log use correctly rounded float operations only, so
 // the numpy sampler draws the same tokens.
 // The grid barrier needs all BLOCKS blocks resident at once (BLOCKS <= the SM count; see ops.sample).
@@ -14,6 +16,7 @@
 #define SLICE (BLOCK * PER_THREAD)
 #define POOL_PER 6                  // gathered entries per thread in the merges
 #define POOL (POOL_PER * BLOCK)
+#define PRELOAD 16                  // entries of each block's records gathered at once in the final merge
 #define CUT 24.0f                   // engine/sampling.py CUT
 #define MASS_FLOOR (-28.0f)         // engine/sampling.py MASS_FLOOR
 #define MASS_SCALE 0x1p40f          // 2^MASS_BITS
@@ -96,17 +99,6 @@ __device__ __forceinline__ unsigned long long mass_q(float x) {
     return x < MASS_FLOOR ? 0ull : __float2ull_rz(__fmul_rn(exp_f32(x), MASS_SCALE));
 }
 
-__device__ __forceinline__ unsigned block_max_u32(unsigned v, Scratch& s) {
-    v = __reduce_max_sync(0xffffffffu, v);
-    if ((threadIdx.x & 31) == 0) s.i[threadIdx.x >> 5] = (int)v;
-    __syncthreads();
-    unsigned r = 0;
-#pragma unroll
-    for (int w = 0; w < BLOCK_WARPS; ++w) r = max(r, (unsigned)s.i[w]);
-    __syncthreads();
-    return r;
-}
-
 // the record key of a Gumbel score: the larger score wins, then the lower index
 __device__ __forceinline__ unsigned long long score_key(float s, int i) { return argmax_key(s, i); }
 
@@ -119,6 +111,90 @@ __device__ __forceinline__ void warp_add_u64(unsigned long long v, unsigned long
     if ((threadIdx.x & 31) == 0) atomicAdd(to, ((unsigned long long)hi << 22) + lo);
 }
 
+// the warp's largest key (0 if none) on every lane, and in z the z key that came with it
+__device__ __forceinline__ unsigned long long warp_best(unsigned long long k, unsigned& z) {
+    const unsigned hi = __reduce_max_sync(0xffffffffu, (unsigned)(k >> 32));
+    const unsigned lo = __reduce_max_sync(0xffffffffu, (unsigned)(k >> 32) == hi ? (unsigned)k : 0u);
+    const unsigned long long best = ((unsigned long long)hi << 32) | lo;
+    const unsigned owner = __ballot_sync(0xffffffffu, k == best);
+    z = __shfl_sync(0xffffffffu, z, __ffs(owner) - 1);
+    return best;
+}
+
+// one warp: the records over its lanes' (zk, rk) pairs (zk 0: no entry; rk 0: not a candidate): the
+// largest rk, then the largest rk with zk above the last record's, until none is left or MAX_RECORDS
+// are found. Lane 0 writes them to out_k / out_z (zk ascending); returns their count on every lane.
+template <int N>
+__device__ __forceinline__ int warp_records(const unsigned (&zk)[N], const unsigned long long (&rk)[N], unsigned long long* out_k,
+                            unsigned* out_z) {
+    unsigned low = 0;
+    int n = 0;
+    for (; n < MAX_RECORDS; ++n) {
+        unsigned long long k = 0;
+        unsigned z = 0;
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            if (zk[e] > low && rk[e] > k) {
+                k = rk[e];
+                z = zk[e];
+            }
+        }
+        k = warp_best(k, z);
+        if (k == 0) break;
+        if ((threadIdx.x & 31) == 0) {
+            out_k[n] = k;
+            out_z[n] = z;
+        }
+        low = z;
+    }
+    return n;
+}
+
+// one warp: the records over the union of LISTS record lists (list b: len[b] entries, entry(b, j, k, z),
+// zk ascending and so rk descending). Lane l walks lists l, l + 32, ...: the best entry of a list above
+// `low` is its first one above it, so each round costs a step per list. Output as warp_records.
+template <int LISTS, class Entry>
+__device__ __forceinline__ int merge_records(const int* len, Entry entry, unsigned long long* out_k, unsigned* out_z) {
+    constexpr int T = (LISTS + 31) / 32;
+    const int lane = threadIdx.x & 31;
+    int at[T], cnt[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        at[t] = 0;
+        cnt[t] = lane + 32 * t < LISTS ? len[lane + 32 * t] : 0;
+    }
+    unsigned low = 0;
+    int n = 0;
+    for (; n < MAX_RECORDS; ++n) {
+        unsigned long long k = 0;
+        unsigned z = 0;
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            unsigned long long ck = 0;
+            unsigned cz = 0;
+            int a = at[t];
+            while (a < cnt[t]) {
+                entry(lane + 32 * t, a, ck, cz);
+                if (cz > low) break;
+                ++a;
+            }
+            at[t] = a;
+            if (a < cnt[t] && ck > k) {
+                k = ck;
+                z = cz;
+            }
+        }
+        k = warp_best(k, z);
+        if (k == 0) break;
+        if (lane == 0) {
+            out_k[n] = k;
+            out_z[n] = z;
+        }
+        low = z;
+    }
+    return n;
+}
+
 // double-buffered per-warp bests of a round: one barrier per round
 struct Rounds {
     unsigned long long k[2][BLOCK_WARPS];
@@ -128,15 +204,7 @@ struct Rounds {
 // the block's largest k (0 if none) and the z that came with it, on every thread
 __device__ __forceinline__ void block_best(unsigned long long& k, unsigned& z, Rounds& rs, int round) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, buf = round & 1;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long k2 = __shfl_xor_sync(0xffffffffu, k, o);
-        const unsigned z2 = __shfl_xor_sync(0xffffffffu, z, o);
-        if (k2 > k) {
-            k = k2;
-            z = z2;
-        }
-    }
+    k = warp_best(k, z);
     if (lane == 0) {
         rs.k[buf][warp] = k;
         rs.z[buf][warp] = z;
@@ -151,36 +219,6 @@ __device__ __forceinline__ void block_best(unsigned long long& k, unsigned& z, R
             z = rs.z[buf][w];
         }
     }
-}
-
-// the records over the block's (zk, rk) pairs (zk 0: no entry): the largest rk, then the largest rk
-// with zk above the last record's, until none is left or MAX_RECORDS are found. Thread 0 writes them to
-// out_k / out_z (zk ascending); returns their count on every thread.
-template <int N>
-__device__ int find_records(const unsigned (&zk)[N], const unsigned long long (&rk)[N], unsigned long long* out_k,
-                            unsigned* out_z, Rounds& rs) {
-    unsigned low = 0;
-    int n = 0;
-    for (; n < MAX_RECORDS; ++n) {
-        unsigned long long k = 0;
-        unsigned z = 0;
-#pragma unroll
-        for (int e = 0; e < N; ++e) {
-            if (zk[e] > low && rk[e] > k) {
-                k = rk[e];
-                z = zk[e];
-            }
-        }
-        block_best(k, z, rs, n);
-        if (k == 0) break;
-        if (threadIdx.x == 0) {
-            out_k[n] = k;
-            out_z[n] = z;
-        }
-        low = z;
-    }
-    __syncthreads();
-    return n;
 }
 
 // the n largest keys (distinct; 0 = no entry) in descending order; thread 0 writes them (0 past the end)
@@ -212,12 +250,25 @@ __device__ __forceinline__ void grid_sync(unsigned long long* arrive) {
     __syncthreads();
 }
 
+#ifdef PROFILE_AT
+// dev: clock and globaltimer of block 0's phases (and the finishing block's end) to work[PROFILE_AT + 2k]
+#define MARK(k, who)                                                                           \
+    if ((who) && threadIdx.x == 0) {                                                           \
+        unsigned long long t_;                                                                 \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                 \
+        work[PROFILE_AT + 2 * (k)] = clock64();                                                \
+        work[PROFILE_AT + 2 * (k) + 1] = t_;                                                   \
+    }
+#else
+#define MARK(k, who)
+#endif
+
 // logits: [vocab] f32; amax: argmax_key of the logits from the lm_head GEMV (reset here); tokens:
 // [max_ctx] the context (the prompt; the sampler appends); ring: host-mapped [ring_mask + 1] next
 // tokens (-1: the logits were not finite); lp_ring: host-mapped [ring_mask + 1][LP_WORDS] token,
 // logprob, n, (id, logprob) x n; counts, window: [vocab] generated-token counts and tokens in the
 // repeat window; work: [WORK_WORDS] scratch (see above)
-extern "C" __global__ void __launch_bounds__(BLOCK)
+extern "C" __global__ void __launch_bounds__(BLOCK, 1)
 sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* st, int* tokens, int* ring,
        int* lp_ring, int* counts, int* window, unsigned long long* work, int vocab, int max_ctx)
 {
@@ -226,22 +277,27 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __shared__ unsigned rec_z[MAX_RECORDS];
     __shared__ unsigned long long above_mass[MAX_RECORDS + 1];
     __shared__ unsigned above_count[MAX_RECORDS + 1];
-    __shared__ int pool_at[BLOCKS];
-    __shared__ int is_last;
-    __shared__ Scratch sc;
+    __shared__ unsigned long long warp_k[BLOCK_WARPS][MAX_RECORDS], pool_k[BLOCKS][PRELOAD];
+    __shared__ unsigned warp_z[BLOCK_WARPS][MAX_RECORDS], pool_z[BLOCKS][PRELOAD];
+    __shared__ int warp_n[BLOCK_WARPS], pool_n[BLOCKS];
+    __shared__ int n_shared, is_last;
     pdl_enter();
     const DecodeState S = *st;
     const unsigned long long raw_best = *amax;
-    const int pos = S.pos, tid = threadIdx.x;
+    const int pos = S.pos, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const bool in_prompt = pos + 1 < S.prompt_len;
     const bool greedy = !(S.temperature > 0.f);
     const bool repeat = S.flags & STATE_REPEAT, counted = S.flags & STATE_COUNTS;
     const bool want_lp = S.logprobs >= 0 && !in_prompt;
+    const bool by_count = S.top_k > 0, by_mass = S.top_p < 1.f;
+    // min-p alone needs only the records: block 0 finishes right after the merge
+    const bool direct = !in_prompt && !greedy && !by_count && !by_mass && !want_lp;
     const int base = blockIdx.x * SLICE;
     unsigned long long* mine = work + W_BLOCKS + blockIdx.x * BLOCK_WORDS;
     const float raw_max = val_of((unsigned)(raw_best >> 32));
     int n_rec = 0;
     float m = 0.f;
+    MARK(0, blockIdx.x == 0)
 
     if (!in_prompt) {
         float v[PER_THREAD];
@@ -262,7 +318,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             }
             v[e] = x;
         }
-        if (__syncthreads_or(bad) && tid == 0) atomicOr(work + W_BAD, 1ull);
+        if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(work + W_BAD, 1ull);
 
         if (want_lp) {
             // the raw logits: their mass against the lm_head's max, and this block's MAX_LOGPROBS largest
@@ -291,11 +347,11 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                     const int i = base + e * BLOCK + tid;
                     if (i < vocab) k = max(k, argmax_key(v[e], i));
                 }
-                block_best(k, z, rs, 0);
-                if (tid == 0) atomicMax(work + W_GREEDY, k);
+                k = warp_best(k, z);
+                if (lane == 0) atomicMax(work + W_GREEDY, k);
             }
         } else {
-            // this block's records over its candidates (nothing 24 below the block's best can win)
+            // the warp's records over its candidates (nothing 24 below the warp's best can win)
             unsigned zk[PER_THREAD];
             unsigned long long rk[PER_THREAD];
             unsigned top = 0;
@@ -305,94 +361,117 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 zk[e] = i < vocab ? key_of(v[e]) : 0u;
                 top = max(top, zk[e]);
             }
-            const float m_block = val_of(block_max_u32(top, sc));
+            const float m_warp = val_of(__reduce_max_sync(0xffffffffu, top));
 #pragma unroll
             for (int e = 0; e < PER_THREAD; ++e) {
                 const int i = base + e * BLOCK + tid;
                 rk[e] = 0;
-                if (zk[e] && v[e] >= m_block - CUT) {
+                if (zk[e] && v[e] >= m_warp - CUT) {
                     const float g = log_f32(-log_f32(rng_u(S.seed, S.step, (unsigned long long)i)));
                     rk[e] = score_key(__fsub_rn(v[e], g), i);
                 }
             }
-            const int n = find_records<PER_THREAD>(zk, rk, rec_k, rec_z, rs);
-            if (tid < n) {
-                mine[B_REC + tid] = rec_k[tid];
-                mine[B_RZ + tid] = rec_z[tid];
+            MARK(1, blockIdx.x == 0)
+            const int nw = warp_records<PER_THREAD>(zk, rk, warp_k[warp], warp_z[warp]);
+            if (lane == 0) warp_n[warp] = nw;
+            __syncthreads();
+            MARK(2, blockIdx.x == 0)
+            // the block's records: warp 0 merges the warps' lists and publishes them
+            if (warp == 0) {
+                const int n = merge_records<BLOCK_WARPS>(warp_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
+                    k = warp_k[b][j];
+                    z = warp_z[b][j];
+                }, rec_k, rec_z);
+                __syncwarp();
+                for (int j = lane; j < n; j += 32) {
+                    mine[B_REC + j] = rec_k[j];
+                    mine[B_RZ + j] = rec_z[j];
+                }
+                if (lane == 0) mine[B_NREC] = n;
             }
-            if (tid == 0) mine[B_NREC] = n;
+            MARK(3, blockIdx.x == 0)
             grid_sync(work + W_ARRIVE);
+            MARK(4, blockIdx.x == 0)
 
-            // every block merges every block's records into the same overall records
-            int pooled;
-            const int listed = tid < BLOCKS ? (int)__ldcg(work + W_BLOCKS + tid * BLOCK_WORDS + B_NREC) : 0;
-            const int at = block_scan(listed, &pooled, sc);
-            if (tid < BLOCKS) pool_at[tid] = at;
-            __syncthreads();
-            pooled = min(pooled, POOL);
-            unsigned pz[POOL_PER];
-            unsigned long long pk[POOL_PER];
-#pragma unroll
-            for (int e = 0; e < POOL_PER; ++e) {
-                const int j = e * BLOCK + tid;
-                pz[e] = 0;
-                pk[e] = 0;
-                if (j < pooled) {
-                    int lo = 0, hi = BLOCKS - 1;  // the block b with pool_at[b] <= j < pool_at[b + 1]
-                    while (lo < hi) {
-                        const int mid = (lo + hi + 1) >> 1;
-                        if (pool_at[mid] <= j) lo = mid;
-                        else hi = mid - 1;
-                    }
-                    const unsigned long long* from = work + W_BLOCKS + lo * BLOCK_WORDS;
-                    pk[e] = __ldcg(from + B_REC + (j - pool_at[lo]));
-                    pz[e] = (unsigned)__ldcg(from + B_RZ + (j - pool_at[lo]));
-                }
+            // every block merges every block's records into the same overall records: the first PRELOAD of
+            // each block's list come in one wave, the rest (rare) straight from the scratch
+            for (int j = tid; j < BLOCKS * (1 + 2 * PRELOAD); j += BLOCK) {
+                const int b = j / (1 + 2 * PRELOAD), r = j % (1 + 2 * PRELOAD);
+                const unsigned long long* from = work + W_BLOCKS + b * BLOCK_WORDS;
+                if (r == 0) pool_n[b] = (int)__ldcg(from + B_NREC);
+                else if (r <= PRELOAD) pool_k[b][r - 1] = __ldcg(from + B_REC + r - 1);
+                else pool_z[b][r - 1 - PRELOAD] = (unsigned)__ldcg(from + B_RZ + r - 1 - PRELOAD);
             }
-            n_rec = find_records<POOL_PER>(pz, pk, rec_k, rec_z, rs);
+            __syncthreads();
+            if (warp == 0) {
+                const int n = merge_records<BLOCKS>(pool_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
+                    if (j < PRELOAD) {
+                        k = pool_k[b][j];
+                        z = pool_z[b][j];
+                    } else {
+                        const unsigned long long* from = work + W_BLOCKS + b * BLOCK_WORDS;
+                        k = __ldcg(from + B_REC + j);
+                        z = (unsigned)__ldcg(from + B_RZ + j);
+                    }
+                }, rec_k, rec_z);
+                if (lane == 0) n_shared = n;
+            }
+            __syncthreads();
+            n_rec = n_shared;
             m = n_rec ? val_of(rec_z[n_rec - 1]) : 0.f;  // the last record holds the largest z
+            MARK(5, blockIdx.x == 0)
 
-            // tokens and masses above each record's z (threshold 0: every token)
-            for (int j = tid; j <= MAX_RECORDS; j += BLOCK) {
-                above_mass[j] = 0;
-                above_count[j] = 0;
-            }
-            __syncthreads();
-            unsigned long long q[PER_THREAD];
-#pragma unroll
-            for (int e = 0; e < PER_THREAD; ++e) q[e] = zk[e] ? mass_q(__fsub_rn(v[e], m)) : 0ull;
-            for (int j = 0; j <= n_rec; ++j) {
-                const unsigned t = j ? rec_z[j - 1] : 0u;
-                unsigned c = 0;
-                unsigned long long s = 0;
-#pragma unroll
-                for (int e = 0; e < PER_THREAD; ++e) {
-                    if (zk[e] > t) {
-                        c += 1;
-                        s += q[e];
-                    }
+            if (by_count || by_mass) {
+                // tokens and masses above each record's z (threshold 0: every token; the last record's: none)
+                for (int j = tid; j < n_rec; j += BLOCK) {
+                    above_mass[j] = 0;
+                    above_count[j] = 0;
                 }
-                c = __reduce_add_sync(0xffffffffu, c);
-                if ((tid & 31) == 0) atomicAdd(&above_count[j], c);
-                warp_add_u64(s, &above_mass[j]);
+                __syncthreads();
+                unsigned long long q[PER_THREAD];
+#pragma unroll
+                for (int e = 0; e < PER_THREAD; ++e) q[e] = by_mass && zk[e] ? mass_q(__fsub_rn(v[e], m)) : 0ull;
+                for (int j = 0; j < n_rec; ++j) {
+                    const unsigned t = j ? rec_z[j - 1] : 0u;
+                    unsigned c = 0;
+                    unsigned long long s = 0;
+#pragma unroll
+                    for (int e = 0; e < PER_THREAD; ++e) {
+                        if (zk[e] > t) {
+                            c += 1;
+                            s += q[e];
+                        }
+                    }
+                    if (by_count) {
+                        c = __reduce_add_sync(0xffffffffu, c);
+                        if (lane == 0) atomicAdd(&above_count[j], c);
+                    }
+                    if (by_mass) warp_add_u64(s, &above_mass[j]);
+                }
+                __syncthreads();
+                for (int j = tid; j < n_rec; j += BLOCK) {
+                    if (by_count) atomicAdd(work + W_COUNT + j, (unsigned long long)above_count[j]);
+                    if (by_mass) atomicAdd(work + W_MASS + j, above_mass[j]);
+                }
             }
-            __syncthreads();
-            for (int j = tid; j <= n_rec; j += BLOCK) {
-                atomicAdd(work + W_COUNT + j, (unsigned long long)above_count[j]);
-                atomicAdd(work + W_MASS + j, above_mass[j]);
-            }
+            MARK(6, blockIdx.x == 0)
         }
     }
 
-    // the last block to finish writes the step's results
+    // the last block to finish (block 0 when nothing is left to add up) writes the step's results
     __syncthreads();
-    if (tid == 0) {
+    if (direct) {
+        if (blockIdx.x != 0) return;
         __threadfence();
-        is_last = (atomicAdd(work + W_DONE, 1ull) + 1) % BLOCKS == 0;
+    } else {
+        if (tid == 0) {
+            __threadfence();
+            is_last = (atomicAdd(work + W_DONE, 1ull) + 1) % BLOCKS == 0;
+        }
+        __syncthreads();
+        if (!is_last) return;
+        __threadfence();
     }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
 
     int next;
     if (in_prompt) {
@@ -400,16 +479,16 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     } else if (greedy) {
         next = key_index((repeat || counted) ? __ldcg(work + W_GREEDY) : raw_best);
     } else {
-        for (int j = tid; j <= n_rec; j += BLOCK) {
-            above_mass[j] = __ldcg(work + W_MASS + j);
-            above_count[j] = (unsigned)__ldcg(work + W_COUNT + j);
+        for (int j = tid; j < n_rec; j += BLOCK) {
+            above_mass[j] = by_mass ? __ldcg(work + W_MASS + j) : 0ull;
+            above_count[j] = by_count ? (unsigned)__ldcg(work + W_COUNT + j) : 0u;
         }
         __syncthreads();
-        next = n_rec ? key_index(rec_k[n_rec - 1]) : 0;  // only if records were lost: the largest z
+        next = n_rec ? key_index(rec_k[n_rec - 1]) : 0;  // the last record: every filter keeps the largest z
         const double total = (double)above_mass[0];
-        for (int j = 1; j <= n_rec; ++j) {
-            if (S.top_k > 0 && (int)above_count[j] >= S.top_k) continue;
-            if (S.top_p < 1.f && !((double)above_mass[j] < (double)S.top_p * total)) continue;
+        for (int j = 1; j < n_rec; ++j) {
+            if (by_count && (int)above_count[j] >= S.top_k) continue;
+            if (by_mass && !((double)above_mass[j] < (double)S.top_p * total)) continue;
             if (!(__fsub_rn(val_of(rec_z[j - 1]), m) >= S.min_p_log)) continue;
             next = key_index(rec_k[j - 1]);
             break;
@@ -444,9 +523,9 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     }
 
     // leave the accumulators zero for the next launch
-    for (int j = tid; j <= MAX_RECORDS; j += BLOCK) {
-        work[W_COUNT + j] = 0;
-        work[W_MASS + j] = 0;
+    for (int j = tid; j < n_rec; j += BLOCK) {
+        if (by_count) work[W_COUNT + j] = 0;
+        if (by_mass) work[W_MASS + j] = 0;
     }
     if (tid == 0) {
         work[W_GREEDY] = 0;
@@ -471,4 +550,5 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
         if (counted && !in_prompt) counts[next] += 1;
         ring[slot] = bad ? -1 : next;
     }
+    MARK(7, true)
 }
