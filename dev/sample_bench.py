@@ -86,8 +86,10 @@ def main():
             steps = "  ".join(f"{p} {clk[k + 1] - clk[k]:>6}" if clk[k + 1] and clk[k] else f"{p} -"
                               for k, p in enumerate(PHASES[:-1]))
             total = f"{(ns[-1] - ns[0]) / 1e3:.1f}" if ns[-1] and ns[0] else "-"
-            print(f"vocab {vocab} {name:10s} {times}  | block 0 cycles: {steps} | start->end {total} us",
-                  flush=True)
+            last = max((k for k in range(len(PHASES)) if ns[k]), default=0)
+            tail = f"{(ns[-1] - ns[last]) / 1e3:.1f}" if ns[-1] and last else "-"
+            print(f"vocab {vocab} {name:10s} {times}  | block 0 cycles: {steps} | start->end {total} us, "
+                  f"last phase->end {tail} us", flush=True)
 
 
 if __name__ == "__main__":

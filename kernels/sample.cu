@@ -9,8 +9,8 @@
 // Sums are integers (exact in any order) and exp/log use correctly rounded float operations only, so
 // the numpy sampler draws the same tokens.
 // The grid barrier needs all BLOCKS blocks resident at once (BLOCKS <= the SM count; see ops.sample).
-// budget: sample=72
-// defines: BLOCK=512 PER_THREAD=4 BLOCKS=75 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=11313
+// budget: sample=80
+// defines: BLOCK=512 PER_THREAD=3 BLOCKS=99 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=14889
 #include "reduce.cuh"
 
 #define SLICE (BLOCK * PER_THREAD)
@@ -123,10 +123,11 @@ __device__ __forceinline__ unsigned long long warp_best(unsigned long long k, un
 
 // one warp: the records over its lanes' (zk, rk) pairs (zk 0: no entry; rk 0: not a candidate): the
 // largest rk, then the largest rk with zk above the last record's, until none is left or MAX_RECORDS
-// are found. Lane 0 writes them to out_k / out_z (zk ascending); returns their count on every lane.
+// are found. Lane 0 writes them to out_k / out_z (zk ascending) every `stride` words; returns their count
+// on every lane.
 template <int N>
-__device__ __forceinline__ int warp_records(const unsigned (&zk)[N], const unsigned long long (&rk)[N], unsigned long long* out_k,
-                            unsigned* out_z) {
+__device__ __forceinline__ int warp_records(const unsigned (&zk)[N], const unsigned long long (&rk)[N],
+                                            unsigned long long* out_k, unsigned* out_z, int stride) {
     unsigned low = 0;
     int n = 0;
     for (; n < MAX_RECORDS; ++n) {
@@ -142,8 +143,8 @@ __device__ __forceinline__ int warp_records(const unsigned (&zk)[N], const unsig
         k = warp_best(k, z);
         if (k == 0) break;
         if ((threadIdx.x & 31) == 0) {
-            out_k[n] = k;
-            out_z[n] = z;
+            out_k[n * stride] = k;
+            out_z[n * stride] = z;
         }
         low = z;
     }
@@ -238,14 +239,25 @@ __device__ void find_top(const unsigned long long (&rk)[N], int n, unsigned long
     __syncthreads();
 }
 
+// *p += v with release and acquire at GPU scope (the block's writes before a __syncthreads go with it,
+// and what other blocks released before is seen after it)
+__device__ __forceinline__ unsigned long long add_acq_rel(unsigned long long* p, unsigned long long v) {
+    unsigned long long old;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+    return old;
+}
+
+__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ void grid_sync(unsigned long long* arrive) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long ticket = atomicAdd(arrive, 1ull);
-        const unsigned long long target = (ticket / BLOCKS + 1) * BLOCKS;
-        while (*(volatile unsigned long long*)arrive < target) __nanosleep(32);
-        __threadfence();
+        const unsigned long long target = (add_acq_rel(arrive, 1ull) / BLOCKS + 1) * BLOCKS;
+        while (ld_acquire(arrive) < target) __nanosleep(32);
     }
     __syncthreads();
 }
@@ -277,8 +289,20 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __shared__ unsigned rec_z[MAX_RECORDS];
     __shared__ unsigned long long above_mass[MAX_RECORDS + 1];
     __shared__ unsigned above_count[MAX_RECORDS + 1];
-    __shared__ unsigned long long warp_k[BLOCK_WARPS][MAX_RECORDS], pool_k[BLOCKS][PRELOAD];
-    __shared__ unsigned warp_z[BLOCK_WARPS][MAX_RECORDS], pool_z[BLOCKS][PRELOAD];
+    // record lists, entry-major so that the lanes walking them read distinct banks; the warps' lists
+    // are done with when their partial counts come
+    __shared__ union {
+        struct {
+            unsigned long long k[MAX_RECORDS][BLOCK_WARPS];
+            unsigned z[MAX_RECORDS][BLOCK_WARPS];
+        } rec;
+        struct {
+            unsigned long long mass[BLOCK_WARPS][MAX_RECORDS];
+            unsigned count[BLOCK_WARPS][MAX_RECORDS];
+        } part;
+    } per_warp;
+    __shared__ unsigned long long pool_k[PRELOAD][BLOCKS];
+    __shared__ unsigned pool_z[PRELOAD][BLOCKS];
     __shared__ int warp_n[BLOCK_WARPS], pool_n[BLOCKS];
     __shared__ int n_shared, is_last;
     pdl_enter();
@@ -372,15 +396,15 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 }
             }
             MARK(1, blockIdx.x == 0)
-            const int nw = warp_records<PER_THREAD>(zk, rk, warp_k[warp], warp_z[warp]);
+            const int nw = warp_records<PER_THREAD>(zk, rk, &per_warp.rec.k[0][warp], &per_warp.rec.z[0][warp], BLOCK_WARPS);
             if (lane == 0) warp_n[warp] = nw;
             __syncthreads();
             MARK(2, blockIdx.x == 0)
             // the block's records: warp 0 merges the warps' lists and publishes them
             if (warp == 0) {
                 const int n = merge_records<BLOCK_WARPS>(warp_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
-                    k = warp_k[b][j];
-                    z = warp_z[b][j];
+                    k = per_warp.rec.k[j][b];
+                    z = per_warp.rec.z[j][b];
                 }, rec_k, rec_z);
                 __syncwarp();
                 for (int j = lane; j < n; j += 32) {
@@ -399,15 +423,15 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 const int b = j / (1 + 2 * PRELOAD), r = j % (1 + 2 * PRELOAD);
                 const unsigned long long* from = work + W_BLOCKS + b * BLOCK_WORDS;
                 if (r == 0) pool_n[b] = (int)__ldcg(from + B_NREC);
-                else if (r <= PRELOAD) pool_k[b][r - 1] = __ldcg(from + B_REC + r - 1);
-                else pool_z[b][r - 1 - PRELOAD] = (unsigned)__ldcg(from + B_RZ + r - 1 - PRELOAD);
+                else if (r <= PRELOAD) pool_k[r - 1][b] = __ldcg(from + B_REC + r - 1);
+                else pool_z[r - 1 - PRELOAD][b] = (unsigned)__ldcg(from + B_RZ + r - 1 - PRELOAD);
             }
             __syncthreads();
             if (warp == 0) {
                 const int n = merge_records<BLOCKS>(pool_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
                     if (j < PRELOAD) {
-                        k = pool_k[b][j];
-                        z = pool_z[b][j];
+                        k = pool_k[j][b];
+                        z = pool_z[j][b];
                     } else {
                         const unsigned long long* from = work + W_BLOCKS + b * BLOCK_WORDS;
                         k = __ldcg(from + B_REC + j);
@@ -422,12 +446,8 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             MARK(5, blockIdx.x == 0)
 
             if (by_count || by_mass) {
-                // tokens and masses above each record's z (threshold 0: every token; the last record's: none)
-                for (int j = tid; j < n_rec; j += BLOCK) {
-                    above_mass[j] = 0;
-                    above_count[j] = 0;
-                }
-                __syncthreads();
+                // tokens and masses above each record's z (threshold 0: every token; the last record's: none),
+                // per warp, then over the warps
                 unsigned long long q[PER_THREAD];
 #pragma unroll
                 for (int e = 0; e < PER_THREAD; ++e) q[e] = by_mass && zk[e] ? mass_q(__fsub_rn(v[e], m)) : 0ull;
@@ -444,14 +464,24 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                     }
                     if (by_count) {
                         c = __reduce_add_sync(0xffffffffu, c);
-                        if (lane == 0) atomicAdd(&above_count[j], c);
+                        if (lane == 0) per_warp.part.count[warp][j] = c;
                     }
-                    if (by_mass) warp_add_u64(s, &above_mass[j]);
+                    if (by_mass) {
+                        const unsigned lo = __reduce_add_sync(0xffffffffu, (unsigned)(s & 0x3fffffull));
+                        const unsigned hi = __reduce_add_sync(0xffffffffu, (unsigned)(s >> 22));
+                        if (lane == 0) per_warp.part.mass[warp][j] = ((unsigned long long)hi << 22) + lo;
+                    }
                 }
                 __syncthreads();
                 for (int j = tid; j < n_rec; j += BLOCK) {
-                    if (by_count) atomicAdd(work + W_COUNT + j, (unsigned long long)above_count[j]);
-                    if (by_mass) atomicAdd(work + W_MASS + j, above_mass[j]);
+                    unsigned long long c = 0, s = 0;
+#pragma unroll
+                    for (int w = 0; w < BLOCK_WARPS; ++w) {
+                        c += per_warp.part.count[w][j];
+                        s += per_warp.part.mass[w][j];
+                    }
+                    if (by_count) atomicAdd(work + W_COUNT + j, c);
+                    if (by_mass) atomicAdd(work + W_MASS + j, s);
                 }
             }
             MARK(6, blockIdx.x == 0)
@@ -462,17 +492,13 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __syncthreads();
     if (direct) {
         if (blockIdx.x != 0) return;
-        __threadfence();
     } else {
-        if (tid == 0) {
-            __threadfence();
-            is_last = (atomicAdd(work + W_DONE, 1ull) + 1) % BLOCKS == 0;
-        }
+        if (tid == 0) is_last = (add_acq_rel(work + W_DONE, 1ull) + 1) % BLOCKS == 0;
         __syncthreads();
         if (!is_last) return;
-        __threadfence();
     }
 
+    const bool bad = !in_prompt && __ldcg(work + W_BAD) != 0;
     int next;
     if (in_prompt) {
         next = tokens[pos + 1];
@@ -495,7 +521,6 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
         }
     }
     next = min(max(next, 0), vocab - 1);
-    const bool bad = !in_prompt && __ldcg(work + W_BAD) != 0;
     const int slot = pos & S.ring_mask;
 
     if (want_lp) {
