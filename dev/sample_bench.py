@@ -5,7 +5,8 @@
 Each configuration: N launches back to back (no graph, no PDL) on flat random logits (every token a
 candidate), microseconds per launch from CUDA events; then one launch of the PROFILE_AT build, whose block
 0 leaves clock64 and globaltimer at its phase boundaries: start, Gumbel scores done, warp records, block
-records, past the grid barrier, overall records, counts added; and the finishing block's end.
+records, the overall records released by the merging block, loaded, counts added; and the finishing block's
+end.
 --prev also times kernels/sample_prev.cu (an older kernel with the same arguments) when it is there.
 """
 
@@ -21,7 +22,7 @@ from engine.sampling import SamplingParams
 from graphs.buffers import STATE_DTYPE, state_record
 
 CONFIGS = {"greedy": SamplingParams(temperature=0.0), **SAMPLED, "logprobs5": SamplingParams(logprobs=5)}
-PHASES = ("scores", "warp recs", "block recs", "grid sync", "merge", "counts", "end")
+PHASES = ("scores", "warp recs", "block recs", "merged", "recs in", "counts", "end")
 MARKS = 2 * (len(PHASES) + 1)
 
 

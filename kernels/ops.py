@@ -64,9 +64,10 @@ def sample_shape(vocab: int, sms: int) -> tuple[int, int]:
 
 def sample_work_words(grid: int) -> int:
     """uint64 words of the sampler's scratch (kernels/sample.cu's layout: a header, two [MAX_RECORDS + 1]
-    accumulators, then per block its record count, MAX_RECORDS record keys and z keys, and MAX_LOGPROBS
-    raw keys)."""
-    return 8 + 2 * (SAMPLE_MAX_RECORDS + 1) + grid * (1 + 2 * SAMPLE_MAX_RECORDS + SAMPLE_MAX_LOGPROBS)
+    accumulators, the overall records as MAX_RECORDS (key, z key) pairs, then per block its record count,
+    MAX_RECORDS (key, z key) pairs and MAX_LOGPROBS raw keys)."""
+    return (8 + 2 * (SAMPLE_MAX_RECORDS + 1) + 2 * SAMPLE_MAX_RECORDS
+            + grid * (1 + 2 * SAMPLE_MAX_RECORDS + SAMPLE_MAX_LOGPROBS))
 
 
 def sample(logits, amax, state, tokens, ring, lp_ring, counts, window, work, *, vocab: int, max_ctx: int,

@@ -1,16 +1,17 @@
 // Picks the next token on the device and advances the decode state: BLOCKS blocks of BLOCK threads, block
 // b over logits [b * SLICE, (b + 1) * SLICE), PER_THREAD per thread. The rule is engine/sampling.py's, bit for
 // bit: penalties, then greedy or z = l / T; the "records" (the Gumbel winner over all tokens, then over
-// the tokens above its z, ...) are found per warp, merged per block by one warp and, after a grid
-// barrier, over all blocks by one warp of each block (a round of a merge steps once through each
-// list); every block then counts the tokens and integer masses above each record's z (only what
-// top-k and top-p need); the last block to finish takes the first record that top-k, top-p and min-p
-// keep. No sort, no block-wide barrier per round, and the cost hardly depends on the filters.
-// Sums are integers (exact in any order) and exp/log use correctly rounded float operations only, so
-// the numpy sampler draws the same tokens.
-// The grid barrier needs all BLOCKS blocks resident at once (BLOCKS <= the SM count; see ops.sample).
+// the tokens above its z, ...) are found per warp and merged per block by one warp; the last block to
+// arrive merges every block's records into the overall ones (one warp walking the sorted lists, a step
+// per list and round) and hands them out; every block then counts the tokens and integer masses above
+// each record's z (only what top-k and top-p need); the last block to finish takes the first record
+// that top-k, top-p and min-p keep. No sort, no block-wide barrier per round, and the cost hardly
+// depends on the filters. Sums are integers (exact in any order) and exp/log use correctly rounded float
+// operations only, so the numpy sampler draws the same tokens.
+// The blocks wait for the merging one: all BLOCKS must be resident at once (BLOCKS <= the SM count; see
+// ops.sample).
 // budget: sample=80
-// defines: BLOCK=512 PER_THREAD=3 BLOCKS=99 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=14889
+// defines: BLOCK=512 PER_THREAD=3 BLOCKS=99 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=15017
 #include "reduce.cuh"
 
 #define SLICE (BLOCK * PER_THREAD)
@@ -22,21 +23,26 @@
 #define MASS_SCALE 0x1p40f          // 2^MASS_BITS
 
 // work: uint64 words, zero before the first launch; each launch leaves the accumulators zero
-#define W_ARRIVE 0                  // grid barrier tickets (grow by BLOCKS per barrier)
+#define W_ARRIVE 0                  // blocks arrived with their records (grow by BLOCKS per launch)
 #define W_DONE 1                    // finished blocks (grow by BLOCKS per launch)
 #define W_GREEDY 2                  // packed argmax of the penalized logits
 #define W_RAW 3                     // mass of the raw logits (log-probabilities)
 #define W_BAD 4                     // nonzero: a logit was not finite
+#define W_MERGED 5                  // launches whose overall records are out (released by the merging block)
+#define W_NREC 6                    // the overall records: their count, then (key, z key) pairs
 #define W_COUNT 8                   // [MAX_RECORDS + 1] tokens above threshold j (j = 0: all)
 #define W_MASS (W_COUNT + MAX_RECORDS + 1) // [MAX_RECORDS + 1] their mass
-#define W_BLOCKS (W_MASS + MAX_RECORDS + 1)
-#define B_NREC 0                    // per block: record count, record keys, record z keys, top raw keys
+#define W_REC (W_MASS + MAX_RECORDS + 1)   // [MAX_RECORDS][2]
+#define W_BLOCKS (W_REC + 2 * MAX_RECORDS)
+#define B_NREC 0                    // per block: record count, (key, z key) pairs, top raw keys
 #define B_REC 1
-#define B_RZ (1 + MAX_RECORDS)
 #define B_TOP (1 + 2 * MAX_RECORDS)
 #define BLOCK_WORDS (1 + 2 * MAX_RECORDS + MAX_LOGPROBS)
+#define GATHER (BLOCKS * (1 + 2 * PRELOAD)) // words the merging block gathers: count and first PRELOAD records
+#define GATHER_PER ((GATHER + BLOCK - 1) / BLOCK)
 static_assert(W_BLOCKS + BLOCKS * BLOCK_WORDS == WORK_WORDS, "ops.sample_work_words disagrees with the layout");
 static_assert(BLOCKS * MAX_LOGPROBS <= POOL, "the top-n merge gathers every block's list");
+static_assert(2 * MAX_RECORDS < BLOCK && PRELOAD <= MAX_RECORDS, "the overall records come in one wave");
 static_assert(3 + 2 * MAX_LOGPROBS <= LP_WORDS, "a log-probability slot holds the token, its logprob, n and the top n");
 
 __device__ __forceinline__ float rng_u(unsigned long long seed, unsigned long long step, unsigned long long i) {
@@ -153,16 +159,22 @@ __device__ __forceinline__ int warp_records(const unsigned (&zk)[N], const unsig
 
 // one warp: the records over the union of LISTS record lists (list b: len[b] entries, entry(b, j, k, z),
 // zk ascending and so rk descending). Lane l walks lists l, l + 32, ...: the best entry of a list above
-// `low` is its first one above it, so each round costs a step per list. Output as warp_records.
+// `low` is its first one above it, so a lane keeps each list's head and moves it only past `low`.
+// Output as warp_records.
 template <int LISTS, class Entry>
 __device__ __forceinline__ int merge_records(const int* len, Entry entry, unsigned long long* out_k, unsigned* out_z) {
     constexpr int T = (LISTS + 31) / 32;
     const int lane = threadIdx.x & 31;
     int at[T], cnt[T];
+    unsigned long long hk[T];
+    unsigned hz[T];
 #pragma unroll
     for (int t = 0; t < T; ++t) {
         at[t] = 0;
         cnt[t] = lane + 32 * t < LISTS ? len[lane + 32 * t] : 0;
+        hk[t] = 0;
+        hz[t] = 0;
+        if (cnt[t] > 0) entry(lane + 32 * t, 0, hk[t], hz[t]);
     }
     unsigned low = 0;
     int n = 0;
@@ -171,18 +183,12 @@ __device__ __forceinline__ int merge_records(const int* len, Entry entry, unsign
         unsigned z = 0;
 #pragma unroll
         for (int t = 0; t < T; ++t) {
-            unsigned long long ck = 0;
-            unsigned cz = 0;
-            int a = at[t];
-            while (a < cnt[t]) {
-                entry(lane + 32 * t, a, ck, cz);
-                if (cz > low) break;
-                ++a;
+            while (at[t] < cnt[t] && hz[t] <= low) {
+                if (++at[t] < cnt[t]) entry(lane + 32 * t, at[t], hk[t], hz[t]);
             }
-            at[t] = a;
-            if (a < cnt[t] && ck > k) {
-                k = ck;
-                z = cz;
+            if (at[t] < cnt[t] && hk[t] > k) {
+                k = hk[t];
+                z = hz[t];
             }
         }
         k = warp_best(k, z);
@@ -253,13 +259,8 @@ __device__ __forceinline__ unsigned long long ld_acquire(const unsigned long lon
     return v;
 }
 
-__device__ __forceinline__ void grid_sync(unsigned long long* arrive) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned long long target = (add_acq_rel(arrive, 1ull) / BLOCKS + 1) * BLOCKS;
-        while (ld_acquire(arrive) < target) __nanosleep(32);
-    }
-    __syncthreads();
+__device__ __forceinline__ void st_release(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
 
 #ifdef PROFILE_AT
@@ -304,7 +305,8 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __shared__ unsigned long long pool_k[PRELOAD][BLOCKS];
     __shared__ unsigned pool_z[PRELOAD][BLOCKS];
     __shared__ int warp_n[BLOCK_WARPS], pool_n[BLOCKS];
-    __shared__ int n_shared, is_last;
+    __shared__ int n_shared, is_last, merging;
+    __shared__ unsigned long long launch_no;
     pdl_enter();
     const DecodeState S = *st;
     const unsigned long long raw_best = *amax;
@@ -314,7 +316,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     const bool repeat = S.flags & STATE_REPEAT, counted = S.flags & STATE_COUNTS;
     const bool want_lp = S.logprobs >= 0 && !in_prompt;
     const bool by_count = S.top_k > 0, by_mass = S.top_p < 1.f;
-    // min-p alone needs only the records: block 0 finishes right after the merge
+    // min-p alone needs only the records: the merging block finishes right after the merge
     const bool direct = !in_prompt && !greedy && !by_count && !by_mass && !want_lp;
     const int base = blockIdx.x * SLICE;
     unsigned long long* mine = work + W_BLOCKS + blockIdx.x * BLOCK_WORDS;
@@ -408,39 +410,92 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 }, rec_k, rec_z);
                 __syncwarp();
                 for (int j = lane; j < n; j += 32) {
-                    mine[B_REC + j] = rec_k[j];
-                    mine[B_RZ + j] = rec_z[j];
+                    mine[B_REC + 2 * j] = rec_k[j];
+                    mine[B_REC + 2 * j + 1] = rec_z[j];
                 }
                 if (lane == 0) mine[B_NREC] = n;
             }
             MARK(3, blockIdx.x == 0)
-            grid_sync(work + W_ARRIVE);
-            MARK(4, blockIdx.x == 0)
 
-            // every block merges every block's records into the same overall records: the first PRELOAD of
-            // each block's list come in one wave, the rest (rare) straight from the scratch
-            for (int j = tid; j < BLOCKS * (1 + 2 * PRELOAD); j += BLOCK) {
-                const int b = j / (1 + 2 * PRELOAD), r = j % (1 + 2 * PRELOAD);
-                const unsigned long long* from = work + W_BLOCKS + b * BLOCK_WORDS;
-                if (r == 0) pool_n[b] = (int)__ldcg(from + B_NREC);
-                else if (r <= PRELOAD) pool_k[r - 1][b] = __ldcg(from + B_REC + r - 1);
-                else pool_z[r - 1 - PRELOAD][b] = (unsigned)__ldcg(from + B_RZ + r - 1 - PRELOAD);
+            // the last block to arrive merges every block's records into the overall ones and hands them out
+            __syncthreads();
+            if (tid == 0) {
+                const unsigned long long ticket = add_acq_rel(work + W_ARRIVE, 1ull);
+                launch_no = ticket / BLOCKS + 1;
+                merging = (ticket + 1) % BLOCKS == 0;
             }
             __syncthreads();
-            if (warp == 0) {
-                const int n = merge_records<BLOCKS>(pool_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
-                    if (j < PRELOAD) {
-                        k = pool_k[j][b];
-                        z = pool_z[j][b];
+            if (merging) {
+                // each block's count and first PRELOAD records in one wave (list b: words [0, 1 + 2 * PRELOAD))
+                unsigned long long got[GATHER_PER];
+#pragma unroll
+                for (int r = 0; r < GATHER_PER; ++r) {
+                    const int j = r * BLOCK + tid;
+                    got[r] = j < GATHER ? __ldcg(work + W_BLOCKS + (j / (1 + 2 * PRELOAD)) * BLOCK_WORDS + j % (1 + 2 * PRELOAD)) : 0ull;
+                }
+                bool longer = false;
+#pragma unroll
+                for (int r = 0; r < GATHER_PER; ++r) {
+                    const int j = r * BLOCK + tid;
+                    const int b = j / (1 + 2 * PRELOAD), w = j % (1 + 2 * PRELOAD);
+                    if (j >= GATHER) break;
+                    if (w == 0) {
+                        pool_n[b] = (int)got[r];
+                        longer |= got[r] > PRELOAD;
+                    } else if (w & 1) {
+                        pool_k[w >> 1][b] = got[r];
                     } else {
-                        const unsigned long long* from = work + W_BLOCKS + b * BLOCK_WORDS;
-                        k = __ldcg(from + B_REC + j);
-                        z = (unsigned)__ldcg(from + B_RZ + j);
+                        pool_z[(w >> 1) - 1][b] = (unsigned)got[r];
                     }
-                }, rec_k, rec_z);
-                if (lane == 0) n_shared = n;
+                }
+                longer = __syncthreads_or(longer);
+                if (warp == 0) {
+                    int n;
+                    if (!longer) {
+                        n = merge_records<BLOCKS>(pool_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
+                            k = pool_k[j][b];
+                            z = pool_z[j][b];
+                        }, rec_k, rec_z);
+                    } else {  // a block with more than PRELOAD records (rare): the rest from the scratch
+                        n = merge_records<BLOCKS>(pool_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
+                            if (j < PRELOAD) {
+                                k = pool_k[j][b];
+                                z = pool_z[j][b];
+                            } else {
+                                const unsigned long long* from = work + W_BLOCKS + b * BLOCK_WORDS + B_REC + 2 * j;
+                                k = __ldcg(from);
+                                z = (unsigned)__ldcg(from + 1);
+                            }
+                        }, rec_k, rec_z);
+                    }
+                    if (lane == 0) n_shared = n;
+                    if (!direct) {
+                        __syncwarp();
+                        for (int j = lane; j < n; j += 32) {
+                            work[W_REC + 2 * j] = rec_k[j];
+                            work[W_REC + 2 * j + 1] = rec_z[j];
+                        }
+                        if (lane == 0) work[W_NREC] = n;
+                        __syncwarp();
+                        if (lane == 0) st_release(work + W_MERGED, launch_no);
+                    }
+                }
+                __syncthreads();
+            } else {
+                if (direct) return;  // min-p alone: the merging block finishes the step
+                if (tid == 0)
+                    while (ld_acquire(work + W_MERGED) < launch_no) __nanosleep(32);
+                __syncthreads();
+                MARK(4, blockIdx.x == 0)
+                if (tid < 2 * MAX_RECORDS) {
+                    const unsigned long long w = __ldcg(work + W_REC + tid);
+                    if (tid & 1) rec_z[tid >> 1] = (unsigned)w;
+                    else rec_k[tid >> 1] = w;
+                } else if (tid == 2 * MAX_RECORDS) {
+                    n_shared = (int)__ldcg(work + W_NREC);
+                }
+                __syncthreads();
             }
-            __syncthreads();
             n_rec = n_shared;
             m = n_rec ? val_of(rec_z[n_rec - 1]) : 0.f;  // the last record holds the largest z
             MARK(5, blockIdx.x == 0)
@@ -488,11 +543,9 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
         }
     }
 
-    // the last block to finish (block 0 when nothing is left to add up) writes the step's results
+    // the last block to finish (the merging block when nothing is left to add up) writes the step's results
     __syncthreads();
-    if (direct) {
-        if (blockIdx.x != 0) return;
-    } else {
+    if (!direct) {
         if (tid == 0) is_last = (add_acq_rel(work + W_DONE, 1ull) + 1) % BLOCKS == 0;
         __syncthreads();
         if (!is_last) return;
