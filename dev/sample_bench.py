@@ -31,8 +31,10 @@ def run(cp, source: str, vocab: int, params: SamplingParams, launches: int, prof
 
     grid, per = ops.sample_shape(vocab, ops.sm_count())
     words = ops.sample_work_words(grid)
+    # the older kernel keeps no overall records in its scratch
+    layout = words - 2 * ops.SAMPLE_MAX_RECORDS if source == "sample_prev" else words
     defines = dict(BLOCK=ops.SAMPLE_BLOCK, PER_THREAD=per, BLOCKS=grid, MAX_RECORDS=ops.SAMPLE_MAX_RECORDS,
-                   MAX_LOGPROBS=ops.SAMPLE_MAX_LOGPROBS, LP_WORDS=ops.SAMPLE_LP_WORDS, WORK_WORDS=words)
+                   MAX_LOGPROBS=ops.SAMPLE_MAX_LOGPROBS, LP_WORDS=ops.SAMPLE_LP_WORDS, WORK_WORDS=layout)
     if profile:
         defines["PROFILE_AT"] = words
     max_ctx = launches + 16
