@@ -9,7 +9,7 @@ from kernels.launch import Launch, Module
 from kernels.tuning import Tuning
 
 SAMPLE_BLOCK = 512
-SAMPLE_SLICE = 2048  # logits per sampler block at least: fewer, larger blocks for a small vocabulary
+SAMPLE_SLICE = 1024  # logits per sampler block at least: fewer, larger blocks for a small vocabulary
 SAMPLE_MAX_PER = 8  # logits per sampler thread at most (registers)
 SAMPLE_MAX_BLOCKS = 128  # the merges gather every block's lists into shared memory
 SAMPLE_MAX_RECORDS = 64  # records kept per block and overall
@@ -58,14 +58,16 @@ def sample_shape(vocab: int, sms: int) -> tuple[int, int]:
     per = math.ceil(vocab / (grid * SAMPLE_BLOCK))
     if per > SAMPLE_MAX_PER:
         raise ValueError(f"a vocabulary of {vocab} needs more than {SAMPLE_MAX_PER} logits per sampler thread")
+    grid = math.ceil(vocab / (per * SAMPLE_BLOCK))  # no block left without logits
     return grid, per
 
 
 def sample_work_words(grid: int) -> int:
     """uint64 words of the sampler's scratch (kernels/sample.cu's layout: a header, two [MAX_RECORDS + 1]
-    accumulators, then per block its record count, MAX_RECORDS record keys and z keys, and MAX_LOGPROBS
-    raw keys)."""
-    return 8 + 2 * (SAMPLE_MAX_RECORDS + 1) + grid * (1 + 2 * SAMPLE_MAX_RECORDS + SAMPLE_MAX_LOGPROBS)
+    accumulators, the overall records as MAX_RECORDS (key, z key) pairs, then per block its record count,
+    MAX_RECORDS (key, z key) pairs and MAX_LOGPROBS raw keys)."""
+    return (8 + 2 * (SAMPLE_MAX_RECORDS + 1) + 2 * SAMPLE_MAX_RECORDS
+            + grid * (1 + 2 * SAMPLE_MAX_RECORDS + SAMPLE_MAX_LOGPROBS))
 
 
 def sample(logits, amax, state, tokens, ring, lp_ring, counts, window, work, *, vocab: int, max_ctx: int,

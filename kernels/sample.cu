@@ -1,39 +1,48 @@
 // Picks the next token on the device and advances the decode state: BLOCKS blocks of BLOCK threads, block
 // b over logits [b * SLICE, (b + 1) * SLICE), PER_THREAD per thread. The rule is engine/sampling.py's, bit for
 // bit: penalties, then greedy or z = l / T; the "records" (the Gumbel winner over all tokens, then over
-// the tokens above its z, ...) are found per block and merged after a grid barrier; every block then
-// counts the tokens and integer masses above each record's z; the last block to finish takes the
-// first record that top-k, top-p and min-p keep. No sort, and the cost hardly depends on the filters.
-// Sums are integers (exact in any order) and exp/log use correctly rounded float operations only, so
-// the numpy sampler draws the same tokens.
-// The grid barrier needs all BLOCKS blocks resident at once (BLOCKS <= the SM count; see ops.sample).
-// budget: sample=72
-// defines: BLOCK=512 PER_THREAD=4 BLOCKS=75 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=11313
+// the tokens above its z, ...) are found per warp and merged per block by one warp; the last block to
+// arrive merges every block's records into the overall ones (one warp walking the sorted lists, a step
+// per list and round) and hands them out; every block then counts the tokens and integer masses above
+// each record's z (only what top-k and top-p need); the last block to finish takes the first record
+// that top-k, top-p and min-p keep. No sort, no block-wide barrier per round, and the cost hardly
+// depends on the filters. Sums are integers (exact in any order) and exp/log use correctly rounded float
+// operations only, so the numpy sampler draws the same tokens.
+// The blocks wait for the merging one: all BLOCKS must be resident at once (BLOCKS <= the SM count; see
+// ops.sample).
+// budget: sample=80
+// defines: BLOCK=512 PER_THREAD=3 BLOCKS=99 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=15017
 #include "reduce.cuh"
 
 #define SLICE (BLOCK * PER_THREAD)
 #define POOL_PER 6                  // gathered entries per thread in the merges
 #define POOL (POOL_PER * BLOCK)
+#define PRELOAD 16                  // entries of each block's records gathered at once in the final merge
 #define CUT 24.0f                   // engine/sampling.py CUT
 #define MASS_FLOOR (-28.0f)         // engine/sampling.py MASS_FLOOR
 #define MASS_SCALE 0x1p40f          // 2^MASS_BITS
 
 // work: uint64 words, zero before the first launch; each launch leaves the accumulators zero
-#define W_ARRIVE 0                  // grid barrier tickets (grow by BLOCKS per barrier)
+#define W_ARRIVE 0                  // blocks arrived with their records (grow by BLOCKS per launch)
 #define W_DONE 1                    // finished blocks (grow by BLOCKS per launch)
 #define W_GREEDY 2                  // packed argmax of the penalized logits
 #define W_RAW 3                     // mass of the raw logits (log-probabilities)
 #define W_BAD 4                     // nonzero: a logit was not finite
+#define W_MERGED 5                  // launches whose overall records are out (released by the merging block)
+#define W_NREC 6                    // the overall records: their count, then (key, z key) pairs
 #define W_COUNT 8                   // [MAX_RECORDS + 1] tokens above threshold j (j = 0: all)
 #define W_MASS (W_COUNT + MAX_RECORDS + 1) // [MAX_RECORDS + 1] their mass
-#define W_BLOCKS (W_MASS + MAX_RECORDS + 1)
-#define B_NREC 0                    // per block: record count, record keys, record z keys, top raw keys
+#define W_REC (W_MASS + MAX_RECORDS + 1)   // [MAX_RECORDS][2]
+#define W_BLOCKS (W_REC + 2 * MAX_RECORDS)
+#define B_NREC 0                    // per block: record count, (key, z key) pairs, top raw keys
 #define B_REC 1
-#define B_RZ (1 + MAX_RECORDS)
 #define B_TOP (1 + 2 * MAX_RECORDS)
 #define BLOCK_WORDS (1 + 2 * MAX_RECORDS + MAX_LOGPROBS)
+#define GATHER (BLOCKS * (1 + 2 * PRELOAD)) // words the merging block gathers: count and first PRELOAD records
+#define GATHER_PER ((GATHER + BLOCK - 1) / BLOCK)
 static_assert(W_BLOCKS + BLOCKS * BLOCK_WORDS == WORK_WORDS, "ops.sample_work_words disagrees with the layout");
 static_assert(BLOCKS * MAX_LOGPROBS <= POOL, "the top-n merge gathers every block's list");
+static_assert(2 * MAX_RECORDS < BLOCK && PRELOAD <= MAX_RECORDS, "the overall records come in one wave");
 static_assert(3 + 2 * MAX_LOGPROBS <= LP_WORDS, "a log-probability slot holds the token, its logprob, n and the top n");
 
 __device__ __forceinline__ float rng_u(unsigned long long seed, unsigned long long step, unsigned long long i) {
@@ -96,17 +105,6 @@ __device__ __forceinline__ unsigned long long mass_q(float x) {
     return x < MASS_FLOOR ? 0ull : __float2ull_rz(__fmul_rn(exp_f32(x), MASS_SCALE));
 }
 
-__device__ __forceinline__ unsigned block_max_u32(unsigned v, Scratch& s) {
-    v = __reduce_max_sync(0xffffffffu, v);
-    if ((threadIdx.x & 31) == 0) s.i[threadIdx.x >> 5] = (int)v;
-    __syncthreads();
-    unsigned r = 0;
-#pragma unroll
-    for (int w = 0; w < BLOCK_WARPS; ++w) r = max(r, (unsigned)s.i[w]);
-    __syncthreads();
-    return r;
-}
-
 // the record key of a Gumbel score: the larger score wins, then the lower index
 __device__ __forceinline__ unsigned long long score_key(float s, int i) { return argmax_key(s, i); }
 
@@ -119,6 +117,91 @@ __device__ __forceinline__ void warp_add_u64(unsigned long long v, unsigned long
     if ((threadIdx.x & 31) == 0) atomicAdd(to, ((unsigned long long)hi << 22) + lo);
 }
 
+// the warp's largest key (0 if none) on every lane, and in z the z key that came with it
+__device__ __forceinline__ unsigned long long warp_best(unsigned long long k, unsigned& z) {
+    const unsigned hi = __reduce_max_sync(0xffffffffu, (unsigned)(k >> 32));
+    const unsigned lo = __reduce_max_sync(0xffffffffu, (unsigned)(k >> 32) == hi ? (unsigned)k : 0u);
+    const unsigned long long best = ((unsigned long long)hi << 32) | lo;
+    const unsigned owner = __ballot_sync(0xffffffffu, k == best);
+    z = __shfl_sync(0xffffffffu, z, __ffs(owner) - 1);
+    return best;
+}
+
+// one warp: the records over its lanes' (zk, rk) pairs (zk 0: no entry; rk 0: not a candidate): the
+// largest rk, then the largest rk with zk above the last record's, until none is left or MAX_RECORDS
+// are found. Lane 0 writes them to out_k / out_z (zk ascending) every `stride` words; returns their count
+// on every lane.
+template <int N>
+__device__ __forceinline__ int warp_records(const unsigned (&zk)[N], const unsigned long long (&rk)[N],
+                                            unsigned long long* out_k, unsigned* out_z, int stride) {
+    unsigned low = 0;
+    int n = 0;
+    for (; n < MAX_RECORDS; ++n) {
+        unsigned long long k = 0;
+        unsigned z = 0;
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            if (zk[e] > low && rk[e] > k) {
+                k = rk[e];
+                z = zk[e];
+            }
+        }
+        k = warp_best(k, z);
+        if (k == 0) break;
+        if ((threadIdx.x & 31) == 0) {
+            out_k[n * stride] = k;
+            out_z[n * stride] = z;
+        }
+        low = z;
+    }
+    return n;
+}
+
+// one warp: the records over the union of LISTS record lists (list b: len[b] entries, entry(b, j, k, z),
+// zk ascending and so rk descending). Lane l walks lists l, l + 32, ...: the best entry of a list above
+// `low` is its first one above it, so a lane keeps each list's head and moves it only past `low`.
+// Output as warp_records.
+template <int LISTS, class Entry>
+__device__ __forceinline__ int merge_records(const int* len, Entry entry, unsigned long long* out_k, unsigned* out_z) {
+    constexpr int T = (LISTS + 31) / 32;
+    const int lane = threadIdx.x & 31;
+    int at[T], cnt[T];
+    unsigned long long hk[T];
+    unsigned hz[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        at[t] = 0;
+        cnt[t] = lane + 32 * t < LISTS ? len[lane + 32 * t] : 0;
+        hk[t] = 0;
+        hz[t] = 0;
+        if (cnt[t] > 0) entry(lane + 32 * t, 0, hk[t], hz[t]);
+    }
+    unsigned low = 0;
+    int n = 0;
+    for (; n < MAX_RECORDS; ++n) {
+        unsigned long long k = 0;
+        unsigned z = 0;
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            while (at[t] < cnt[t] && hz[t] <= low) {
+                if (++at[t] < cnt[t]) entry(lane + 32 * t, at[t], hk[t], hz[t]);
+            }
+            if (at[t] < cnt[t] && hk[t] > k) {
+                k = hk[t];
+                z = hz[t];
+            }
+        }
+        k = warp_best(k, z);
+        if (k == 0) break;
+        if (lane == 0) {
+            out_k[n] = k;
+            out_z[n] = z;
+        }
+        low = z;
+    }
+    return n;
+}
+
 // double-buffered per-warp bests of a round: one barrier per round
 struct Rounds {
     unsigned long long k[2][BLOCK_WARPS];
@@ -128,15 +211,7 @@ struct Rounds {
 // the block's largest k (0 if none) and the z that came with it, on every thread
 __device__ __forceinline__ void block_best(unsigned long long& k, unsigned& z, Rounds& rs, int round) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, buf = round & 1;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long k2 = __shfl_xor_sync(0xffffffffu, k, o);
-        const unsigned z2 = __shfl_xor_sync(0xffffffffu, z, o);
-        if (k2 > k) {
-            k = k2;
-            z = z2;
-        }
-    }
+    k = warp_best(k, z);
     if (lane == 0) {
         rs.k[buf][warp] = k;
         rs.z[buf][warp] = z;
@@ -151,36 +226,6 @@ __device__ __forceinline__ void block_best(unsigned long long& k, unsigned& z, R
             z = rs.z[buf][w];
         }
     }
-}
-
-// the records over the block's (zk, rk) pairs (zk 0: no entry): the largest rk, then the largest rk
-// with zk above the last record's, until none is left or MAX_RECORDS are found. Thread 0 writes them to
-// out_k / out_z (zk ascending); returns their count on every thread.
-template <int N>
-__device__ int find_records(const unsigned (&zk)[N], const unsigned long long (&rk)[N], unsigned long long* out_k,
-                            unsigned* out_z, Rounds& rs) {
-    unsigned low = 0;
-    int n = 0;
-    for (; n < MAX_RECORDS; ++n) {
-        unsigned long long k = 0;
-        unsigned z = 0;
-#pragma unroll
-        for (int e = 0; e < N; ++e) {
-            if (zk[e] > low && rk[e] > k) {
-                k = rk[e];
-                z = zk[e];
-            }
-        }
-        block_best(k, z, rs, n);
-        if (k == 0) break;
-        if (threadIdx.x == 0) {
-            out_k[n] = k;
-            out_z[n] = z;
-        }
-        low = z;
-    }
-    __syncthreads();
-    return n;
 }
 
 // the n largest keys (distinct; 0 = no entry) in descending order; thread 0 writes them (0 past the end)
@@ -200,24 +245,43 @@ __device__ void find_top(const unsigned long long (&rk)[N], int n, unsigned long
     __syncthreads();
 }
 
-__device__ __forceinline__ void grid_sync(unsigned long long* arrive) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long ticket = atomicAdd(arrive, 1ull);
-        const unsigned long long target = (ticket / BLOCKS + 1) * BLOCKS;
-        while (*(volatile unsigned long long*)arrive < target) __nanosleep(32);
-        __threadfence();
-    }
-    __syncthreads();
+// *p += v with release and acquire at GPU scope (the block's writes before a __syncthreads go with it,
+// and what other blocks released before is seen after it)
+__device__ __forceinline__ unsigned long long add_acq_rel(unsigned long long* p, unsigned long long v) {
+    unsigned long long old;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+    return old;
 }
+
+__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+
+#ifdef PROFILE_AT
+// dev: clock and globaltimer of block 0's phases (and the finishing block's end) to work[PROFILE_AT + 2k]
+#define MARK(k, who)                                                                           \
+    if ((who) && threadIdx.x == 0) {                                                           \
+        unsigned long long t_;                                                                 \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                 \
+        work[PROFILE_AT + 2 * (k)] = clock64();                                                \
+        work[PROFILE_AT + 2 * (k) + 1] = t_;                                                   \
+    }
+#else
+#define MARK(k, who)
+#endif
 
 // logits: [vocab] f32; amax: argmax_key of the logits from the lm_head GEMV (reset here); tokens:
 // [max_ctx] the context (the prompt; the sampler appends); ring: host-mapped [ring_mask + 1] next
 // tokens (-1: the logits were not finite); lp_ring: host-mapped [ring_mask + 1][LP_WORDS] token,
 // logprob, n, (id, logprob) x n; counts, window: [vocab] generated-token counts and tokens in the
 // repeat window; work: [WORK_WORDS] scratch (see above)
-extern "C" __global__ void __launch_bounds__(BLOCK)
+extern "C" __global__ void __launch_bounds__(BLOCK, 1)
 sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* st, int* tokens, int* ring,
        int* lp_ring, int* counts, int* window, unsigned long long* work, int vocab, int max_ctx)
 {
@@ -226,22 +290,40 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __shared__ unsigned rec_z[MAX_RECORDS];
     __shared__ unsigned long long above_mass[MAX_RECORDS + 1];
     __shared__ unsigned above_count[MAX_RECORDS + 1];
-    __shared__ int pool_at[BLOCKS];
-    __shared__ int is_last;
-    __shared__ Scratch sc;
+    // record lists, entry-major so that the lanes walking them read distinct banks; the warps' lists
+    // are done with when their partial counts come
+    __shared__ union {
+        struct {
+            unsigned long long k[MAX_RECORDS][BLOCK_WARPS];
+            unsigned z[MAX_RECORDS][BLOCK_WARPS];
+        } rec;
+        struct {
+            unsigned long long mass[BLOCK_WARPS][MAX_RECORDS];
+            unsigned count[BLOCK_WARPS][MAX_RECORDS];
+        } part;
+    } per_warp;
+    __shared__ unsigned long long pool_k[PRELOAD][BLOCKS];
+    __shared__ unsigned pool_z[PRELOAD][BLOCKS];
+    __shared__ int warp_n[BLOCK_WARPS], pool_n[BLOCKS];
+    __shared__ int n_shared, is_last, merging;
+    __shared__ unsigned long long launch_no;
     pdl_enter();
     const DecodeState S = *st;
     const unsigned long long raw_best = *amax;
-    const int pos = S.pos, tid = threadIdx.x;
+    const int pos = S.pos, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const bool in_prompt = pos + 1 < S.prompt_len;
     const bool greedy = !(S.temperature > 0.f);
     const bool repeat = S.flags & STATE_REPEAT, counted = S.flags & STATE_COUNTS;
     const bool want_lp = S.logprobs >= 0 && !in_prompt;
+    const bool by_count = S.top_k > 0, by_mass = S.top_p < 1.f;
+    // min-p alone needs only the records: the merging block finishes right after the merge
+    const bool direct = !in_prompt && !greedy && !by_count && !by_mass && !want_lp;
     const int base = blockIdx.x * SLICE;
     unsigned long long* mine = work + W_BLOCKS + blockIdx.x * BLOCK_WORDS;
     const float raw_max = val_of((unsigned)(raw_best >> 32));
     int n_rec = 0;
     float m = 0.f;
+    MARK(0, blockIdx.x == 0)
 
     if (!in_prompt) {
         float v[PER_THREAD];
@@ -262,7 +344,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             }
             v[e] = x;
         }
-        if (__syncthreads_or(bad) && tid == 0) atomicOr(work + W_BAD, 1ull);
+        if (__any_sync(0xffffffffu, bad) && lane == 0) atomicOr(work + W_BAD, 1ull);
 
         if (want_lp) {
             // the raw logits: their mass against the lm_head's max, and this block's MAX_LOGPROBS largest
@@ -291,11 +373,11 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                     const int i = base + e * BLOCK + tid;
                     if (i < vocab) k = max(k, argmax_key(v[e], i));
                 }
-                block_best(k, z, rs, 0);
-                if (tid == 0) atomicMax(work + W_GREEDY, k);
+                k = warp_best(k, z);
+                if (lane == 0) atomicMax(work + W_GREEDY, k);
             }
         } else {
-            // this block's records over its candidates (nothing 24 below the block's best can win)
+            // the warp's records over its candidates (nothing 24 below the warp's best can win)
             unsigned zk[PER_THREAD];
             unsigned long long rk[PER_THREAD];
             unsigned top = 0;
@@ -305,118 +387,193 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 zk[e] = i < vocab ? key_of(v[e]) : 0u;
                 top = max(top, zk[e]);
             }
-            const float m_block = val_of(block_max_u32(top, sc));
+            const float m_warp = val_of(__reduce_max_sync(0xffffffffu, top));
 #pragma unroll
             for (int e = 0; e < PER_THREAD; ++e) {
                 const int i = base + e * BLOCK + tid;
                 rk[e] = 0;
-                if (zk[e] && v[e] >= m_block - CUT) {
+                if (zk[e] && v[e] >= m_warp - CUT) {
                     const float g = log_f32(-log_f32(rng_u(S.seed, S.step, (unsigned long long)i)));
                     rk[e] = score_key(__fsub_rn(v[e], g), i);
                 }
             }
-            const int n = find_records<PER_THREAD>(zk, rk, rec_k, rec_z, rs);
-            if (tid < n) {
-                mine[B_REC + tid] = rec_k[tid];
-                mine[B_RZ + tid] = rec_z[tid];
-            }
-            if (tid == 0) mine[B_NREC] = n;
-            grid_sync(work + W_ARRIVE);
-
-            // every block merges every block's records into the same overall records
-            int pooled;
-            const int listed = tid < BLOCKS ? (int)__ldcg(work + W_BLOCKS + tid * BLOCK_WORDS + B_NREC) : 0;
-            const int at = block_scan(listed, &pooled, sc);
-            if (tid < BLOCKS) pool_at[tid] = at;
+            MARK(1, blockIdx.x == 0)
+            const int nw = warp_records<PER_THREAD>(zk, rk, &per_warp.rec.k[0][warp], &per_warp.rec.z[0][warp], BLOCK_WARPS);
+            if (lane == 0) warp_n[warp] = nw;
             __syncthreads();
-            pooled = min(pooled, POOL);
-            unsigned pz[POOL_PER];
-            unsigned long long pk[POOL_PER];
-#pragma unroll
-            for (int e = 0; e < POOL_PER; ++e) {
-                const int j = e * BLOCK + tid;
-                pz[e] = 0;
-                pk[e] = 0;
-                if (j < pooled) {
-                    int lo = 0, hi = BLOCKS - 1;  // the block b with pool_at[b] <= j < pool_at[b + 1]
-                    while (lo < hi) {
-                        const int mid = (lo + hi + 1) >> 1;
-                        if (pool_at[mid] <= j) lo = mid;
-                        else hi = mid - 1;
-                    }
-                    const unsigned long long* from = work + W_BLOCKS + lo * BLOCK_WORDS;
-                    pk[e] = __ldcg(from + B_REC + (j - pool_at[lo]));
-                    pz[e] = (unsigned)__ldcg(from + B_RZ + (j - pool_at[lo]));
+            MARK(2, blockIdx.x == 0)
+            // the block's records: warp 0 merges the warps' lists and publishes them
+            if (warp == 0) {
+                const int n = merge_records<BLOCK_WARPS>(warp_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
+                    k = per_warp.rec.k[j][b];
+                    z = per_warp.rec.z[j][b];
+                }, rec_k, rec_z);
+                __syncwarp();
+                for (int j = lane; j < n; j += 32) {
+                    mine[B_REC + 2 * j] = rec_k[j];
+                    mine[B_REC + 2 * j + 1] = rec_z[j];
                 }
+                if (lane == 0) mine[B_NREC] = n;
             }
-            n_rec = find_records<POOL_PER>(pz, pk, rec_k, rec_z, rs);
+            MARK(3, blockIdx.x == 0)
+
+            // the last block to arrive merges every block's records into the overall ones and hands them out
+            __syncthreads();
+            if (tid == 0) {
+                const unsigned long long ticket = add_acq_rel(work + W_ARRIVE, 1ull);
+                launch_no = ticket / BLOCKS + 1;
+                merging = (ticket + 1) % BLOCKS == 0;
+            }
+            __syncthreads();
+            if (merging) {
+                // each block's count and first PRELOAD records in one wave (list b: words [0, 1 + 2 * PRELOAD))
+                unsigned long long got[GATHER_PER];
+#pragma unroll
+                for (int r = 0; r < GATHER_PER; ++r) {
+                    const int j = r * BLOCK + tid;
+                    got[r] = j < GATHER ? __ldcg(work + W_BLOCKS + (j / (1 + 2 * PRELOAD)) * BLOCK_WORDS + j % (1 + 2 * PRELOAD)) : 0ull;
+                }
+                bool longer = false;
+#pragma unroll
+                for (int r = 0; r < GATHER_PER; ++r) {
+                    const int j = r * BLOCK + tid;
+                    const int b = j / (1 + 2 * PRELOAD), w = j % (1 + 2 * PRELOAD);
+                    if (j >= GATHER) break;
+                    if (w == 0) {
+                        pool_n[b] = (int)got[r];
+                        longer |= got[r] > PRELOAD;
+                    } else if (w & 1) {
+                        pool_k[w >> 1][b] = got[r];
+                    } else {
+                        pool_z[(w >> 1) - 1][b] = (unsigned)got[r];
+                    }
+                }
+                longer = __syncthreads_or(longer);
+                if (warp == 0) {
+                    int n;
+                    if (!longer) {
+                        n = merge_records<BLOCKS>(pool_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
+                            k = pool_k[j][b];
+                            z = pool_z[j][b];
+                        }, rec_k, rec_z);
+                    } else {  // a block with more than PRELOAD records (rare): the rest from the scratch
+                        n = merge_records<BLOCKS>(pool_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
+                            if (j < PRELOAD) {
+                                k = pool_k[j][b];
+                                z = pool_z[j][b];
+                            } else {
+                                const unsigned long long* from = work + W_BLOCKS + b * BLOCK_WORDS + B_REC + 2 * j;
+                                k = __ldcg(from);
+                                z = (unsigned)__ldcg(from + 1);
+                            }
+                        }, rec_k, rec_z);
+                    }
+                    if (lane == 0) n_shared = n;
+                    if (!direct) {
+                        __syncwarp();
+                        for (int j = lane; j < n; j += 32) {
+                            work[W_REC + 2 * j] = rec_k[j];
+                            work[W_REC + 2 * j + 1] = rec_z[j];
+                        }
+                        if (lane == 0) work[W_NREC] = n;
+                        __syncwarp();
+                        if (lane == 0) st_release(work + W_MERGED, launch_no);
+                    }
+                }
+                __syncthreads();
+            } else {
+                if (direct) return;  // min-p alone: the merging block finishes the step
+                if (tid == 0)
+                    while (ld_acquire(work + W_MERGED) < launch_no) __nanosleep(32);
+                __syncthreads();
+                MARK(4, blockIdx.x == 0)
+                if (tid < 2 * MAX_RECORDS) {
+                    const unsigned long long w = __ldcg(work + W_REC + tid);
+                    if (tid & 1) rec_z[tid >> 1] = (unsigned)w;
+                    else rec_k[tid >> 1] = w;
+                } else if (tid == 2 * MAX_RECORDS) {
+                    n_shared = (int)__ldcg(work + W_NREC);
+                }
+                __syncthreads();
+            }
+            n_rec = n_shared;
             m = n_rec ? val_of(rec_z[n_rec - 1]) : 0.f;  // the last record holds the largest z
+            MARK(5, blockIdx.x == 0)
 
-            // tokens and masses above each record's z (threshold 0: every token)
-            for (int j = tid; j <= MAX_RECORDS; j += BLOCK) {
-                above_mass[j] = 0;
-                above_count[j] = 0;
-            }
-            __syncthreads();
-            unsigned long long q[PER_THREAD];
+            if (by_count || by_mass) {
+                // tokens and masses above each record's z (threshold 0: every token; the last record's: none),
+                // per warp, then over the warps
+                unsigned long long q[PER_THREAD];
 #pragma unroll
-            for (int e = 0; e < PER_THREAD; ++e) q[e] = zk[e] ? mass_q(__fsub_rn(v[e], m)) : 0ull;
-            for (int j = 0; j <= n_rec; ++j) {
-                const unsigned t = j ? rec_z[j - 1] : 0u;
-                unsigned c = 0;
-                unsigned long long s = 0;
+                for (int e = 0; e < PER_THREAD; ++e) q[e] = by_mass && zk[e] ? mass_q(__fsub_rn(v[e], m)) : 0ull;
+                for (int j = 0; j < n_rec; ++j) {
+                    const unsigned t = j ? rec_z[j - 1] : 0u;
+                    unsigned c = 0;
+                    unsigned long long s = 0;
 #pragma unroll
-                for (int e = 0; e < PER_THREAD; ++e) {
-                    if (zk[e] > t) {
-                        c += 1;
-                        s += q[e];
+                    for (int e = 0; e < PER_THREAD; ++e) {
+                        if (zk[e] > t) {
+                            c += 1;
+                            s += q[e];
+                        }
+                    }
+                    if (by_count) {
+                        c = __reduce_add_sync(0xffffffffu, c);
+                        if (lane == 0) per_warp.part.count[warp][j] = c;
+                    }
+                    if (by_mass) {
+                        const unsigned lo = __reduce_add_sync(0xffffffffu, (unsigned)(s & 0x3fffffull));
+                        const unsigned hi = __reduce_add_sync(0xffffffffu, (unsigned)(s >> 22));
+                        if (lane == 0) per_warp.part.mass[warp][j] = ((unsigned long long)hi << 22) + lo;
                     }
                 }
-                c = __reduce_add_sync(0xffffffffu, c);
-                if ((tid & 31) == 0) atomicAdd(&above_count[j], c);
-                warp_add_u64(s, &above_mass[j]);
+                __syncthreads();
+                for (int j = tid; j < n_rec; j += BLOCK) {
+                    unsigned long long c = 0, s = 0;
+#pragma unroll
+                    for (int w = 0; w < BLOCK_WARPS; ++w) {
+                        c += per_warp.part.count[w][j];
+                        s += per_warp.part.mass[w][j];
+                    }
+                    if (by_count) atomicAdd(work + W_COUNT + j, c);
+                    if (by_mass) atomicAdd(work + W_MASS + j, s);
+                }
             }
-            __syncthreads();
-            for (int j = tid; j <= n_rec; j += BLOCK) {
-                atomicAdd(work + W_COUNT + j, (unsigned long long)above_count[j]);
-                atomicAdd(work + W_MASS + j, above_mass[j]);
-            }
+            MARK(6, blockIdx.x == 0)
         }
     }
 
-    // the last block to finish writes the step's results
+    // the last block to finish (the merging block when nothing is left to add up) writes the step's results
     __syncthreads();
-    if (tid == 0) {
-        __threadfence();
-        is_last = (atomicAdd(work + W_DONE, 1ull) + 1) % BLOCKS == 0;
+    if (!direct) {
+        if (tid == 0) is_last = (add_acq_rel(work + W_DONE, 1ull) + 1) % BLOCKS == 0;
+        __syncthreads();
+        if (!is_last) return;
     }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
 
+    const bool bad = !in_prompt && __ldcg(work + W_BAD) != 0;
     int next;
     if (in_prompt) {
         next = tokens[pos + 1];
     } else if (greedy) {
         next = key_index((repeat || counted) ? __ldcg(work + W_GREEDY) : raw_best);
     } else {
-        for (int j = tid; j <= n_rec; j += BLOCK) {
-            above_mass[j] = __ldcg(work + W_MASS + j);
-            above_count[j] = (unsigned)__ldcg(work + W_COUNT + j);
+        for (int j = tid; j < n_rec; j += BLOCK) {
+            above_mass[j] = by_mass ? __ldcg(work + W_MASS + j) : 0ull;
+            above_count[j] = by_count ? (unsigned)__ldcg(work + W_COUNT + j) : 0u;
         }
         __syncthreads();
-        next = n_rec ? key_index(rec_k[n_rec - 1]) : 0;  // only if records were lost: the largest z
+        next = n_rec ? key_index(rec_k[n_rec - 1]) : 0;  // the last record: every filter keeps the largest z
         const double total = (double)above_mass[0];
-        for (int j = 1; j <= n_rec; ++j) {
-            if (S.top_k > 0 && (int)above_count[j] >= S.top_k) continue;
-            if (S.top_p < 1.f && !((double)above_mass[j] < (double)S.top_p * total)) continue;
+        for (int j = 1; j < n_rec; ++j) {
+            if (by_count && (int)above_count[j] >= S.top_k) continue;
+            if (by_mass && !((double)above_mass[j] < (double)S.top_p * total)) continue;
             if (!(__fsub_rn(val_of(rec_z[j - 1]), m) >= S.min_p_log)) continue;
             next = key_index(rec_k[j - 1]);
             break;
         }
     }
     next = min(max(next, 0), vocab - 1);
-    const bool bad = !in_prompt && __ldcg(work + W_BAD) != 0;
     const int slot = pos & S.ring_mask;
 
     if (want_lp) {
@@ -444,9 +601,9 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     }
 
     // leave the accumulators zero for the next launch
-    for (int j = tid; j <= MAX_RECORDS; j += BLOCK) {
-        work[W_COUNT + j] = 0;
-        work[W_MASS + j] = 0;
+    for (int j = tid; j < n_rec; j += BLOCK) {
+        if (by_count) work[W_COUNT + j] = 0;
+        if (by_mass) work[W_MASS + j] = 0;
     }
     if (tid == 0) {
         work[W_GREEDY] = 0;
@@ -471,4 +628,5 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
         if (counted && !in_prompt) counts[next] += 1;
         ring[slot] = bad ? -1 : next;
     }
+    MARK(7, true)
 }

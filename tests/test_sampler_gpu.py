@@ -285,10 +285,18 @@ def test_nan_logits_raise_with_the_step(tiny):
     cfg, w = tiny
     head = w.lm_head.copy()
     head[7] = np.nan
-    bad = ModelWeights(w.embed, w.layers, w.final_norm, head)
-    be = _backend(cfg, bad, max_context=64)
+    with pytest.raises(NonFiniteLogits, match="step 0 on the cuda backend"):
+        _backend(cfg, ModelWeights(w.embed, w.layers, w.final_norm, head), max_context=64)  # its warm-up at load
+    be = _backend(cfg, w, max_context=64)
+    lm_head = be.weights.lm_head
+    assert lm_head is not be.weights.embed and str(lm_head.dtype) == "uint16", "bf16 bits of an untied head"
+    with be.stream:
+        row = lm_head[7].copy()
+        lm_head[7] = 0x7FC0  # a NaN row, after the warm-up
     for params in (SamplingParams(temperature=0, seed=1), SamplingParams(seed=1)):
         with pytest.raises(NonFiniteLogits, match="step 0 on the cuda backend"):
             list(be.generate(PROMPT, params, 8))
         assert be.device_state()["flags"] & STATE_NONFINITE
-    assert len(list(_backend(cfg, w, max_context=64).generate(PROMPT, SamplingParams(seed=1), 8))) == 8
+    with be.stream:
+        lm_head[7] = row
+    assert len(list(be.generate(PROMPT, SamplingParams(seed=1), 8))) == 8, "the flag clears per request"

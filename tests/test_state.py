@@ -88,11 +88,11 @@ def test_sampler_shape_and_scratch():
     from kernels import ops
 
     assert ops.SAMPLE_MAX_LOGPROBS == MAX_LOGPROBS
-    assert ops.sample_shape(151936, 132) == (75, 4)
+    assert ops.sample_shape(151936, 132) == (99, 3)
     assert ops.sample_shape(320, 132) == (1, 1)
     assert ops.sample_shape(262144, 132) == (128, 4)
     blocks, per = ops.sample_shape(520000, 132)
-    assert blocks == 128 and blocks * per * ops.SAMPLE_BLOCK >= 520000
+    assert blocks <= 128 and blocks * per * ops.SAMPLE_BLOCK >= 520000
     with pytest.raises(ValueError):
         ops.sample_shape(10**6, 132)
     for vocab in (320, 4097, 49152, 128256, 151936):
