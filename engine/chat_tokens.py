@@ -3,8 +3,8 @@ what follows the last special token the two texts share is tokenized again.
 
 This is exact where the tokenizer cuts its input at special tokens and runs each piece through the rest
 of its pipeline on its own, which `tokenizers` does for added tokens that are not normalized and strip
-no whitespace. A pre-tokenizer that marks only the input's first piece (sentencepiece's Metaspace with
-prepend_scheme "first") breaks that, and such tokenizers always tokenize the whole text.
+no whitespace, with a byte-level pre-tokenizer. Other tokenizers (sentencepiece's Metaspace) always
+tokenize the whole text.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from bisect import bisect_right
 from tokenizers import Tokenizer as HFTokenizer
 
 
-def _marks_first_piece(node) -> bool:
-    """Does this pre-tokenizer (or one in its sequence) treat the input's first piece differently?"""
+def _byte_level(node) -> bool:
+    """Is this a byte-level pre-tokenizer (GPT-2, Llama 3, Qwen 2, SmolLM2), alone or in a sequence, with no
+    Metaspace beside it? Only those are cut: sentencepiece's Metaspace treats a piece differently by its
+    place in the input (measured: its default scheme too gives other ids for a piece tokenized alone)."""
     if not isinstance(node, dict):
         return False
-    if node.get("type") == "Metaspace":
-        scheme = node.get("prepend_scheme", "always" if node.get("add_prefix_space") else "never")
-        return scheme == "first"
-    return any(_marks_first_piece(p) for p in node.get("pretokenizers") or [])
+    kinds = [node.get("type")] + [p.get("type") for p in node.get("pretokenizers") or [] if isinstance(p, dict)]
+    return "ByteLevel" in kinds and "Metaspace" not in kinds
 
 
 def shared_length(a: str, b: str) -> int:
@@ -52,7 +52,7 @@ class IncrementalEncoder:
         texts = [a.get("content") or "" for a in added]
         # a special token that begins another added token could be matched longer past a cut
         nested = any(t != u and u.startswith(t) for t in texts for u in texts) if len(texts) < 2000 else True
-        self.exact = bool(cuts) and not nested and not _marks_first_piece(spec.get("pre_tokenizer"))
+        self.exact = bool(cuts) and not nested and _byte_level(spec.get("pre_tokenizer"))
         self._cut_ids = frozenset(cuts)
         # (text, ids, cut_chars, cut_ids): cut i ends at character cut_chars[i], after cut_ids[i] ids
         self._last: tuple[str, list[int], list[int], list[int]] = ("", [], [], [])
