@@ -124,30 +124,35 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: HttpRequest):
+        arrived = time.perf_counter()
         req = parse("chat", await read_json(request))
         check_common(req, model_id)
         messages = messages_of(req)
         size = sum(len(m["content"]) for m in messages)
         ids = await encode(lambda: tok.encode_chat(messages, max_tokens=ctx), "messages", size)
-        return await run(request, req, ids, "messages")
+        return await run(request, req, ids, "messages", arrived)
 
     @app.post("/v1/completions")
     async def completions(request: HttpRequest):
+        arrived = time.perf_counter()
         req = parse("completion", await read_json(request))
         check_common(req, model_id)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             if min(prompt) < 0 or max(prompt) >= llm.cfg.vocab_size:
                 raise ApiError(400, f"'prompt' holds a token id outside [0, {llm.cfg.vocab_size})", "prompt")
-            return await run(request, req, list(prompt), "prompt")
+            return await run(request, req, list(prompt), "prompt", arrived)
         if isinstance(prompt, list):
             if len(prompt) != 1:
                 raise ApiError(400, f"'prompt' must be one text; a batch of {len(prompt)} is not supported", "prompt")
             prompt = prompt[0]
         ids = await encode(lambda: tok.encode(prompt, max_tokens=ctx), "prompt", len(prompt))
-        return await run(request, req, ids, "prompt")
+        return await run(request, req, ids, "prompt", arrived)
 
-    async def run(request: HttpRequest, req: ChatRequest | CompletionRequest, ids: list[int], what: str):
+    async def run(request: HttpRequest, req: ChatRequest | CompletionRequest, ids: list[int], what: str,
+                  arrived: float):
+        """Queue the request; `arrived` (when its handler began) starts the time to first token that
+        usage and the log report, so that parsing and tokenizing count."""
         try:
             check_prompt(len(ids), ctx)
         except PromptTooLong as e:
@@ -164,7 +169,7 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
             except RuntimeError:
                 pass  # the event loop is gone: nobody is listening
 
-        r = Request(ids, params, emit, reuse=req.cache_prompt, ignore_eos=req.ignore_eos)
+        r = Request(ids, params, emit, reuse=req.cache_prompt, ignore_eos=req.ignore_eos, submitted=arrived)
         try:
             engine.submit(r)
         except QueueFull as e:

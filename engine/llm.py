@@ -71,6 +71,20 @@ class LLM:
         self.backend = self._make_backend(backend, weights, max_context, use_graph, notice)
         self.stats = GenerationStats()
         self.logprobs: list[TokenLogprobs] = []
+        self._warm_up_text()
+
+    def _warm_up_text(self) -> None:
+        """Compile the chat template and run the tokenizer and detokenizer once, so that the first request
+        after load does not pay for it (the backend warms up its kernels itself)."""
+        tok = self.tokenizer
+        try:
+            ids = tok.encode_chat([{"role": "user", "content": "Hello"}]) if tok.chat_template else tok.encode("Hello")
+        except GDecodeError:
+            return  # a template that cannot render says so on first use
+        if ids:
+            dec = StreamDecoder(tok, context=ids[:-1])
+            dec.push(ids[-1])
+            dec.flush()
 
     def _make_backend(self, backend, weights, max_context, use_graph, notice):
         if backend in ("auto", "cuda"):
