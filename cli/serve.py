@@ -15,6 +15,7 @@ from engine.llm import DEFAULT_MODEL, LLM
 from engine.serving import ServingEngine
 
 SHUTDOWN_WAIT_S = 10.0
+SWITCH_INTERVAL_S = 0.0005
 
 
 def _uvicorn_server(config, on_signal):
@@ -52,6 +53,9 @@ def run_server(engine: ServingEngine, model_id: str, host: str, port: int) -> No
     from cli.server_app import create_app
 
     sock = _listen(host, port)
+    # The event loop's thread must get the interpreter soon after the engine's thread emits a token. With
+    # the default 5 ms switch interval, a prefill's Python launch loop could keep it that long.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     llm = engine.start()
     api = create_app(engine, model_id)
     config = uvicorn.Config(api, host=host, port=port, log_config=None, log_level=logging.getLogger().level,
