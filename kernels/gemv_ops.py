@@ -112,10 +112,47 @@ def grid_for(groups: int, min_blocks: int, tuning: GemvTuning, blocks: int | Non
     return max(1, min(groups, blocks))
 
 
+def quantize_x(x):
+    """The int8 x of the block-format GEMVs (gemv_core.cuh stage_xq) in numpy: x [..., K] (times gamma,
+    K a multiple of 32) -> (q int8 [..., K], d float32 [..., K / 32]), x ~ d q per block of 32.
+
+    As ggml's q8_1: d = amax / 127; q = rint(x * (1 / d)), ties to even (ggml's CUDA rounds them away
+    from zero; a tie needs x / d to land exactly on a half, which 1 / d's rounding makes rare either
+    way); every step in float32 round-to-nearest; q = 0 where the block is all zeros.
+    """
+    import numpy as np
+
+    x = np.asarray(x, np.float32)
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(b).max(axis=-1) / np.float32(127)
+    inv = np.zeros_like(d)
+    np.divide(np.float32(1), d, out=inv, where=d > 0)
+    q = np.rint(b * inv[..., None])
+    return q.astype(np.int8).reshape(x.shape), d
+
+
+def dequantize_x(q, d):
+    """float64 d q: the x that the int8 GEMVs multiply by, exactly."""
+    import numpy as np
+
+    b = np.asarray(q).reshape(*d.shape, 32).astype(np.float64) * np.asarray(d, np.float64)[..., None]
+    return b.reshape(np.shape(q))
+
+
+def xq_bytes(k: int) -> int:
+    """Shared memory of x quantized to int8 per 32 values: k bytes, then (scale, sums) 8 bytes per 32."""
+    return k + k // 32 * 8
+
+
 def x_smem_bytes(w, k: int, tuning: GemvTuning) -> int:
-    """Shared memory for a block's copy of x (one padded row of float4s per chunk), or 0 when x is
-    read from global memory (bf16 rows, tuning.quant_x_smem off, or a row too long to fit)."""
-    if not is_quant(w) or not tuning.quant_x_smem:
+    """Shared memory for a block's copy of x: int8 with tuning.quant_int8_x, else one padded row of
+    float4s per chunk, or 0 when x is read from global memory (bf16 rows, tuning.quant_x_smem off, or a
+    row too long to fit)."""
+    if not is_quant(w):
+        return 0
+    if tuning.quant_int8_x:
+        return xq_bytes(k)
+    if not tuning.quant_x_smem:
         return 0
     chunk = fmt_of(w.fmt).chunk
     nbytes = k // chunk * (chunk // 4 + 1) * 16
@@ -131,6 +168,23 @@ def _launch_shape(w, units: int, k: int, tuning: GemvTuning, splitk: int | None,
         raise ValueError(f"split_k {s} does not divide {tuning.warps} warps")
     grid = grid_for(math.ceil(units / (tuning.warps // s)), min_blocks, tuning, blocks)
     return s, min_blocks, grid, x_smem_bytes(w, k, tuning)
+
+
+def _own_warps(w, tuning: GemvTuning) -> GemvTuning:
+    """The block formats' warps per block (tuning.quant_warps) in place of the bf16 kernels'."""
+    if is_quant(w) and tuning.quant_warps and tuning.quant_warps != tuning.warps:
+        return replace(tuning, warps=tuning.quant_warps)
+    return tuning
+
+
+def _quant_defines(w, tuning: GemvTuning, smem: int) -> dict:
+    """How a block format reads x: int8 (XQ) or fp32 from shared memory (X_SMEM), and its loads per batch."""
+    if not is_quant(w):
+        return {"X_SMEM": 0}
+    d = {"XQ": 1} if tuning.quant_int8_x else {"X_SMEM": int(smem > 0)}
+    if tuning.quant_unroll:
+        d["UNROLL"] = tuning.quant_unroll
+    return d
 
 
 def _quant_module(source: str, rows: int, **defines):
@@ -158,6 +212,7 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
     """
     if minb is not None:
         tuning = replace(tuning, min_blocks=minb, quant_min_blocks=minb)
+    tuning = _own_warps(w, tuning)
     epi = Epilogue(epi)
     if epi == Epilogue.ROPE:
         raise ValueError("the rope epilogue is gemv_rope")
@@ -171,7 +226,8 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
         s, min_blocks, grid, smem = _launch_shape(w, units, k, tuning, splitk, blocks)
         mod, got = _quant_module(source, rows, K=k, EPILOGUE=epi.define, NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks,
-                                 ARGMAX=int(amax is not None), WARPS=tuning.warps, X_SMEM=int(smem > 0))
+                                 ARGMAX=int(amax is not None), WARPS=tuning.warps,
+                                 **_quant_defines(w, tuning, smem))
         if got == rows:
             break
         rows = got  # fewer rows per warp: the grid and split follow
@@ -191,6 +247,7 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
     position and v; k and v also go to the cache row min(pos, max_ctx - 1) as bf16.
     """
     heads = nh + 2 * nkv - head0 if heads is None else heads
+    tuning = _own_warps(w, tuning)
     n_pairs = heads * hd // 2
     rows = rows_per_unit(w, n_pairs, k, Epilogue.ROPE, tuning, False)
     if (hd // 2) % (rows // 2):
@@ -200,7 +257,7 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
         s, min_blocks, grid, smem = _launch_shape(w, n_pairs // (rows // 2), k, tuning, splitk, blocks)
         mod, got = _quant_module(source, rows, K=k, EPILOGUE=Epilogue.ROPE.define, NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks, HEAD_DIM=hd,
-                                 WARPS=tuning.warps, X_SMEM=int(smem > 0))
+                                 WARPS=tuning.warps, **_quant_defines(w, tuning, smem))
         if got == rows:
             break
         rows = got

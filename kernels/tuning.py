@@ -14,6 +14,9 @@ class GemvTuning:
     quant_rows: int = 4  # rows per warp of the block-format GEMVs (each x load serves them all)
     quant_min_blocks: int = 3  # their register cap: 168 (the unpacking needs more than bf16's 128)
     quant_x_smem: bool = True  # their blocks copy x (times gamma) to shared memory once, for unit-stride reads
+    quant_int8_x: bool = True  # ... quantized to int8 per 32 (ggml's q8_1), dot products by dp4a; else fp32
+    quant_warps: int = 4  # warps per block of the block-format GEMVs
+    quant_unroll: int = 0  # chunk loads per row and batch (0: as many as 32 registers of weights hold)
 
 
 @dataclass(frozen=True)
