@@ -56,23 +56,18 @@ MATS = [
 # (label, tuning, split_k or None for the heuristic)
 T = GemvTuning
 VARIANTS = [
-    ("f32 r4w4m3", T(quant_int8_x=False), None),
-    ("r4w4m3", T(), None),
-    ("r4w4m4", T(quant_min_blocks=4), None),
-    ("r4w4m4u2", T(quant_min_blocks=4, quant_unroll=2), None),
-    ("r2w4m4u2", T(quant_rows=2, quant_min_blocks=4, quant_unroll=2), None),
-    ("r2w4m4u4", T(quant_rows=2, quant_min_blocks=4, quant_unroll=4), None),
-    ("r4w8m2u2", T(quant_warps=8, quant_min_blocks=2, quant_unroll=2), None),
-    ("r2w8m2u4", T(quant_rows=2, quant_warps=8, quant_min_blocks=2, quant_unroll=4), None),
-    ("r4w4m3u2", T(quant_unroll=2), None),
-    ("r2w4m5u2", T(quant_rows=2, quant_min_blocks=5, quant_unroll=2), None),
-    ("r1w4m4u4", T(quant_rows=1, quant_min_blocks=4, quant_unroll=4), None),
-    ("r4w4m4u2 s1", T(quant_min_blocks=4, quant_unroll=2), 1),
-    ("r4w4m4u2 s2", T(quant_min_blocks=4, quant_unroll=2), 2),
-    ("r4w4m4u2 s4", T(quant_min_blocks=4, quant_unroll=2), 4),
-    ("r2w4m4u2 s2", T(quant_rows=2, quant_min_blocks=4, quant_unroll=2), 2),
+    ("default", T(), None),
+    ("f32 r4w4m3", T(quant_int8_x=False, quant_rows=4, quant_short_rows=4, quant_warps=4, quant_min_blocks=3), None),
+    ("w16m1", T(quant_warps=16, quant_min_blocks=1), None),
+    ("w16m1 r4u2", T(quant_warps=16, quant_min_blocks=1, quant_rows=4, quant_unroll=2), None),
+    ("r4u2", T(quant_rows=4, quant_unroll=2), None),
+    ("u3", T(quant_unroll=3), None),
+    ("u2", T(quant_unroll=2), None),
+    ("short r2", T(quant_short_rows=2), None),
+    ("s2", T(), 2),
+    ("w4m4", T(quant_warps=4, quant_min_blocks=4), None),
 ]
-QUICK = {"f32 r4w4m3", "r4w4m3", "r4w4m4u2", "r2w4m4u2", "r2w4m4u4"}
+QUICK = {"default", "f32 r4w4m3", "w16m1"}
 
 
 def build(m: Mat, tuning: GemvTuning, splitk, w, x, g, y, amax):

@@ -7,7 +7,10 @@
 // the way, and the dot products scaled by 1/rms at the end. X_SMEM: each block first copies x
 // (times gamma) into shared memory, one padded row of float4s per chunk so that the lanes' reads of
 // consecutive chunks hit distinct banks; read straight from global memory, a lane's chunk of 32
-// 4-bit weights puts the lanes' x loads 128 bytes apart, 32 cache lines per load. SPLIT_K warps share a unit, each taking every SPLIT_K-th
+// 4-bit weights puts the lanes' x loads 128 bytes apart, 32 cache lines per load. XQ (block formats):
+// x (times gamma) is instead quantized to int8 per 32 values into shared memory, ggml's q8_1, and the
+// formats' dotq multiply it by their integer quants with dp4a (4 weights per instruction, a quarter of
+// the x bytes); 1/rms still scales the final dot. SPLIT_K warps share a unit, each taking every SPLIT_K-th
 // 32-chunk segment. A block takes several units per warp group, striding by the grid: a grid of
 // about one block per resident slot keeps every warp streaming from start to end. Loads run one
 // batch ahead of the FMAs, across unit boundaries, so each warp keeps weights in flight through
@@ -122,7 +125,7 @@ __device__ __forceinline__ float stage_xq(const float4* __restrict__ x4, const f
     __shared__ float part[WARPS];
     constexpr int N8 = K / 8;  // 8 values per thread and step; 4 lanes per block of 32
     float ss = 0.f;
-#pragma unroll 2
+#pragma unroll 4
     for (int f0 = 0; f0 < N8; f0 += WARPS * 32) {
         const int f = f0 + threadIdx.x;
         const bool ok = f < N8;  // uniform over each 4 lanes of one block

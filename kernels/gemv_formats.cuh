@@ -4,7 +4,9 @@
 // to dequantize it. The quantized rows are ggml blocks repacked at load (kernels/quant_layout.py
 // describes the planes); every product uses ggml's own values: fp16 scales converted exactly, the
 // small integer scales and quants exact in fp32. Dot products factor each (sub-)block's scale out
-// of its sum, d * sum(q x) - m * sum(x), which changes only the order of the fp32 sums.
+// of its sum, d * sum(q x) - m * sum(x), which changes only the order of the fp32 sums. With int8 x
+// (dotq) the sums over a block are exact int32 dp4a's, offsets come out as off * sum(q_x), and the
+// scales, mins and x's block scale are applied in fp32 per (sub-)block.
 #include "common.cuh"
 
 #ifndef K

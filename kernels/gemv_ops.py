@@ -94,7 +94,7 @@ def split_k(units: int, chunks: int, quant: bool, tuning: GemvTuning) -> int:
 def rows_per_unit(w, n_out: int, k: int, epi: Epilogue, tuning: GemvTuning, pair: bool) -> int:
     """Rows one warp streams together, sharing each x load."""
     if is_quant(w):
-        return tuning.quant_rows
+        return tuning.quant_rows if k > SHORT_ROW else tuning.quant_short_rows
     if epi in (EPI_SILU, Epilogue.ROPE):
         return 2
     if epi == EPI_STORE and k <= SHORT_ROW and n_out >= 8 * WARP_TARGET * sm_count():
@@ -178,26 +178,37 @@ def _own_warps(w, tuning: GemvTuning) -> GemvTuning:
 
 
 def _quant_defines(w, tuning: GemvTuning, smem: int) -> dict:
-    """How a block format reads x: int8 (XQ) or fp32 from shared memory (X_SMEM), and its loads per batch."""
+    """How a block format reads x: int8 (XQ) or fp32 from shared memory (X_SMEM)."""
     if not is_quant(w):
         return {"X_SMEM": 0}
-    d = {"XQ": 1} if tuning.quant_int8_x else {"X_SMEM": int(smem > 0)}
-    if tuning.quant_unroll:
-        d["UNROLL"] = tuning.quant_unroll
-    return d
+    return {"XQ": 1} if tuning.quant_int8_x else {"X_SMEM": int(smem > 0)}
 
 
-def _quant_module(source: str, rows: int, **defines):
-    """The module for these defines; a block format whose ROWS rows per warp do not fit the register
-    cap without local memory (ptxas decides per shape) takes 2 rows per warp instead."""
+def _unroll(w, rows: int, tuning: GemvTuning) -> int:
+    """Chunk loads per row and batch (0: the kernel's own choice)."""
+    if not is_quant(w):
+        return 0
+    if tuning.quant_unroll or not tuning.quant_int8_x:
+        return tuning.quant_unroll
+    return max(1, 8 // rows)
+
+
+def _quant_module(source: str, rows: int, unroll: int, **defines):
+    """(module, rows) for these defines. A block format whose ROWS rows and UNROLL loads per warp do not
+    fit the register cap without local memory (ptxas decides per shape) takes one load per batch fewer
+    at a time, then 2 rows per warp."""
     from kernels.compiler import KernelCompileError
 
-    try:
-        return module(source, ROWS=rows, **defines), rows
-    except KernelCompileError as e:
-        if rows <= 2 or "local memory" not in str(e):
-            raise
-        return module(source, ROWS=2, **defines), 2
+    tries = [(rows, u) for u in range(unroll, 0, -1)] or [(rows, 0)]
+    if rows > 2:
+        tries.append((2, unroll))
+    for i, (r, u) in enumerate(tries):
+        try:
+            return module(source, ROWS=r, **({"UNROLL": u} if u else {}), **defines), r
+        except KernelCompileError as e:
+            if i + 1 == len(tries) or "local memory" not in str(e):
+                raise
+    raise AssertionError("unreachable")
 
 
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = EPI_STORE, eps: float = 0.0,
@@ -224,7 +235,8 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
         per_unit = rows // 2 if epi == EPI_SILU else rows
         units = math.ceil(n_out / per_unit)
         s, min_blocks, grid, smem = _launch_shape(w, units, k, tuning, splitk, blocks)
-        mod, got = _quant_module(source, rows, K=k, EPILOGUE=epi.define, NORM=int(gamma is not None),
+        mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=epi.define,
+                                 NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks,
                                  ARGMAX=int(amax is not None), WARPS=tuning.warps,
                                  **_quant_defines(w, tuning, smem))
@@ -255,7 +267,8 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
     source, suffix, _ = _source(w)
     for _ in range(2):
         s, min_blocks, grid, smem = _launch_shape(w, n_pairs // (rows // 2), k, tuning, splitk, blocks)
-        mod, got = _quant_module(source, rows, K=k, EPILOGUE=Epilogue.ROPE.define, NORM=int(gamma is not None),
+        mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=Epilogue.ROPE.define,
+                                 NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks, HEAD_DIM=hd,
                                  WARPS=tuning.warps, **_quant_defines(w, tuning, smem))
         if got == rows:

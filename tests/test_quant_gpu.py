@@ -134,8 +134,9 @@ def test_gemv_tunings(cp, rng, fmt, rows, splitk, blocks, mode):
     w, wf = quant(cp, fmt, n_out, k, seed=3)
     int8 = mode.startswith("int8")
     case = GemvCase(rng, wf, n_out, EPI_STORE, True, False, xq=int8)
-    tuning = GemvTuning(quant_rows=rows, quant_int8_x=int8, quant_x_smem=mode != "f32 global",
-                        quant_unroll=int(mode.split()[-1]) if "unroll" in mode else 0)
+    shape = {} if int8 else dict(quant_warps=4, quant_min_blocks=3)  # fp32 x: the register cap it needs
+    tuning = GemvTuning(quant_rows=rows, quant_short_rows=rows, quant_int8_x=int8, quant_x_smem=mode != "f32 global",
+                        quant_unroll=int(mode.split()[-1]) if "unroll" in mode else 0, **shape)
     check(cp, case, lambda x, g, b, y, amax: gemv(w, x, y, n_out, k, gamma=g, eps=case.eps, amax=amax, splitk=splitk,
                                                    blocks=blocks, tuning=tuning), TOL if int8 else TOL_F32)
 
@@ -317,11 +318,27 @@ def exact_weights(w):
                    lm_head=embed if w.lm_head is w.embed else one(w.lm_head))
 
 
+class Normed(np.ndarray):
+    """rms_norm's result that also keeps x times gamma (`pre`) and 1/rms (`rs`), what the GEMVs' fused
+    norm quantizes and scales by."""
+
+    def __array_finalize__(self, obj):
+        self.pre = self.rs = None
+
+
+def rms_norm_keeping_x(x, w, eps):
+    """engine.reference.rms_norm, its result a Normed."""
+    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    rs = np.float32(1.0) / np.sqrt(ms + np.float32(eps))
+    out = (x * rs * w).view(Normed)
+    out.pre, out.rs = x * w, rs
+    return out
+
+
 class Int8XMatrix:
     """A block-format matrix as the decode GEMVs multiply by it, for the numpy reference: `x @ m.T` rounds
-    each row of x to int8 per 32 values (kernels.gemv_ops.quantize_x), then multiplies by the exact
-    values. The reference rounds the normalized x where the GEMV rounds x times gamma before its 1/rms:
-    the same values up to a rare flip at a rounding tie."""
+    x to int8 per 32 values (kernels.gemv_ops.quantize_x), then multiplies by the exact values; after an
+    RMSNorm (a Normed x) it rounds x times gamma and applies 1/rms after, as the fused norm does."""
 
     __array_ufunc__ = None  # ndarray @ Int8XMatrix defers to __rmatmul__
 
@@ -335,13 +352,18 @@ class Int8XMatrix:
     def __rmatmul__(self, x):
         from kernels.gemv_ops import dequantize_x, quantize_x
 
-        return dequantize_x(*quantize_x(x)).astype(np.float32) @ self.w.T
+        pre = getattr(x, "pre", None)
+        xh = dequantize_x(*quantize_x(np.asarray(x) if pre is None else pre))
+        out = xh.astype(np.float32) @ self.w.T
+        return out if pre is None else out * x.rs
 
 
-def int8_x_reference(ref, w):
-    """ref (a ReferenceModel over exact_weights(w)) with the matrices that w holds in blocks as Int8XMatrix."""
+def int8_x_reference(ref, w, monkeypatch):
+    """ref (a ReferenceModel over exact_weights(w)) with the matrices that w holds in blocks as Int8XMatrix
+    and its RMSNorm keeping x times gamma for them."""
     from engine.quant import is_quantized
 
+    monkeypatch.setattr("engine.reference.rms_norm", rms_norm_keeping_x)
     for lw, rw in zip(w.layers, ref.layers, strict=True):
         for name in ("wqkv", "wo", "w_gate_up", "w_down"):
             if is_quantized(getattr(lw, name)):
@@ -352,7 +374,7 @@ def int8_x_reference(ref, w):
 
 
 @pytest.mark.parametrize("mix", ["q4km", "mixed"])
-def test_step_on_a_mixed_gguf_matches_the_reference(cp, gguf_models, mix):
+def test_step_on_a_mixed_gguf_matches_the_reference(cp, gguf_models, mix, monkeypatch):
     from engine.backend_cuda import CudaBackend
     from kernels.tuning import Tuning
     from tests.test_decode_gpu import reference
@@ -360,7 +382,7 @@ def test_step_on_a_mixed_gguf_matches_the_reference(cp, gguf_models, mix):
     cfg, w = gguf_models[mix]
     ctx, splits = 128, 8
     be = CudaBackend(cfg, w, max_context=ctx, tuning=Tuning(splits=splits))
-    ref = int8_x_reference(reference(cfg, exact_weights(w), ctx, splits, bf16_kv=True), w)
+    ref = int8_x_reference(reference(cfg, exact_weights(w), ctx, splits, bf16_kv=True), w, monkeypatch)
     want = ref.prefill(PROMPT, return_all=True)
     be.start(PROMPT)
     worst, tok = 0.0, None
@@ -397,7 +419,7 @@ def test_graph_equals_eager_bitwise_on_a_gguf(cp, gguf_models, mix):
     assert np.array_equal(runs[0], runs[1])
 
 
-def test_quantize_at_load_runs_the_cpu_backends_blocks(cp, hf):
+def test_quantize_at_load_runs_the_cpu_backends_blocks(cp, hf, monkeypatch):
     """--quantize q8_0 on the device: the step multiplies by the same blocks the CPU backend makes."""
     from engine.backend_cuda import CudaBackend
     from engine.config import ModelConfig
@@ -413,7 +435,7 @@ def test_quantize_at_load_runs_the_cpu_backends_blocks(cp, hf):
         be = CudaBackend(cfg, dense, max_context=64, tuning=Tuning(splits=8), quantize=fmt)
         assert np.array_equal(be.weights.layers[1].w_down.data.get(),
                               L.repack(fmt, host.layers[1].w_down.data, cfg.hidden_size, cfg.intermediate_size))
-        ref = int8_x_reference(reference(cfg, exact_weights(host), 64, 8, bf16_kv=True), host)
+        ref = int8_x_reference(reference(cfg, exact_weights(host), 64, 8, bf16_kv=True), host, monkeypatch)
         want = ref.prefill(PROMPT, return_all=True)
         be.start(PROMPT)
         for j in range(len(PROMPT)):
@@ -427,7 +449,7 @@ def smollm2_path() -> Path:
     return Path(os.environ.get("GDECODE_SMOLLM2_GGUF", default))
 
 
-def test_smollm2_q4_1_greedy_tokens_match_numpy(cp):
+def test_smollm2_q4_1_greedy_tokens_match_numpy(cp, monkeypatch):
     """The real file: CUDA's greedy tokens equal numpy's (exact ggml values, x rounded to int8 as the GEMVs
     do, fp32 cache) up to the first
     step where numpy's two best logits are within 1% of the logit spread of each other (a near-tie)."""
@@ -444,7 +466,7 @@ def test_smollm2_q4_1_greedy_tokens_match_numpy(cp):
     steps = 48
     be = CudaBackend(cfg, w, max_context=256)
     got = list(be.generate(ids, SamplingParams(temperature=0.0), steps))
-    ref = int8_x_reference(ReferenceModel(cfg, exact_weights(w), 256), w)
+    ref = int8_x_reference(ReferenceModel(cfg, exact_weights(w), 256), w, monkeypatch)
     logits = ref.prefill(ids)
     agreed = 0
     for t in got:
