@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from kernels.gemv_ops import EPI_ADD, EPI_SILU, EPI_STORE, QuantWeight, gemv
-from kernels.tuning import GemvTuning
+from kernels.tuning import FP32_X, GemvTuning
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,9 @@ MATS = [
 T = GemvTuning
 VARIANTS = [
     ("default", T(), None),
-    ("f32 r4w4m3", T(quant_int8_x=False, quant_rows=4, quant_short_rows=4, quant_warps=4, quant_min_blocks=3), None),
-    ("w16m1", T(quant_warps=16, quant_min_blocks=1), None),
-    ("w16m1 r4u2", T(quant_warps=16, quant_min_blocks=1, quant_rows=4, quant_unroll=2), None),
+    ("f32 r4w4m3", FP32_X, None),
+    ("w8m2", T(quant_warps=8, quant_min_blocks=2), None),
+    ("short w16m1", T(quant_short_warps=16, quant_short_min_blocks=1), None),
     ("r4u2", T(quant_rows=4, quant_unroll=2), None),
     ("u3", T(quant_unroll=3), None),
     ("u2", T(quant_unroll=2), None),
@@ -67,7 +67,7 @@ VARIANTS = [
     ("s2", T(), 2),
     ("w4m4", T(quant_warps=4, quant_min_blocks=4), None),
 ]
-QUICK = {"default", "f32 r4w4m3", "w16m1"}
+QUICK = {"default", "f32 r4w4m3", "w8m2"}
 
 
 def build(m: Mat, tuning: GemvTuning, splitk, w, x, g, y, amax):

@@ -170,11 +170,14 @@ def _launch_shape(w, units: int, k: int, tuning: GemvTuning, splitk: int | None,
     return s, min_blocks, grid, x_smem_bytes(w, k, tuning)
 
 
-def _own_warps(w, tuning: GemvTuning) -> GemvTuning:
-    """The block formats' warps per block (tuning.quant_warps) in place of the bf16 kernels'."""
-    if is_quant(w) and tuning.quant_warps and tuning.quant_warps != tuning.warps:
-        return replace(tuning, warps=tuning.quant_warps)
-    return tuning
+def _own_shape(w, k: int, tuning: GemvTuning) -> GemvTuning:
+    """The block formats' warps per block and register cap (for rows of k weights) in place of the
+    bf16 kernels' warps."""
+    if not is_quant(w):
+        return tuning
+    short = k <= SHORT_ROW
+    return replace(tuning, warps=tuning.quant_short_warps if short else tuning.quant_warps,
+                   quant_min_blocks=tuning.quant_short_min_blocks if short else tuning.quant_min_blocks)
 
 
 def _quant_defines(w, tuning: GemvTuning, smem: int) -> dict:
@@ -221,9 +224,9 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
     rows: rows per warp (default rows_per_unit; pair asks bf16 for two). blocks caps the grid.
     minb overrides the tuning's register cap (blocks per SM).
     """
+    tuning = _own_shape(w, k, tuning)
     if minb is not None:
         tuning = replace(tuning, min_blocks=minb, quant_min_blocks=minb)
-    tuning = _own_warps(w, tuning)
     epi = Epilogue(epi)
     if epi == Epilogue.ROPE:
         raise ValueError("the rope epilogue is gemv_rope")
@@ -259,7 +262,7 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
     position and v; k and v also go to the cache row min(pos, max_ctx - 1) as bf16.
     """
     heads = nh + 2 * nkv - head0 if heads is None else heads
-    tuning = _own_warps(w, tuning)
+    tuning = _own_shape(w, k, tuning)
     n_pairs = heads * hd // 2
     rows = rows_per_unit(w, n_pairs, k, Epilogue.ROPE, tuning, False)
     if (hd // 2) % (rows // 2):
