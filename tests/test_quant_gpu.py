@@ -409,10 +409,11 @@ def test_step_on_a_mixed_gguf_matches_the_reference(cp, gguf_models, mix, xq, mo
     print(f"{cfg.arch} {mix} {'int8' if xq else 'fp32'} x: worst rel err {worst:.2e} over {len(PROMPT) + 64} steps")
     assert worst < (STEP_TOL_INT8 if xq else 5e-3)
     assert be.bufs.guards_intact()
-    # the batched prefill dequantizes each matrix into a bf16 scratch for cuBLAS
-    be.start(PROMPT, prefill=True)
-    be.replay()
-    assert rel(be.step_logits(), want[-1]) < 5e-2
+    if not xq:  # the prefill multiplies fp32 x either way: against the reference with fp32 x
+        # the batched prefill dequantizes each matrix into a bf16 scratch for cuBLAS
+        be.start(PROMPT, prefill=True)
+        be.replay()
+        assert rel(be.step_logits(), want[-1]) < 5e-2
 
 
 @pytest.mark.parametrize("mix", ["q4km", "mixed"])
