@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from cli.main import app
+from cli.sampling_options import sampling_options
 from engine.errors import GDecodeError
 from engine.llm import DEFAULT_MODEL, LLM
 from engine.sampling import SamplingParams
@@ -58,23 +59,13 @@ def _read(prompt: str) -> str | None:
 
 
 @app.command()
+@sampling_options
 def chat(
     model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message that starts the chat."),
     max_new_tokens: int = typer.Option(_P.max_new_tokens, "--max-new-tokens", "-n", min=1,
                                        help="Tokens per reply at most."),
-    temperature: float = typer.Option(_P.temperature, help="0 means greedy."),
-    top_k: int = typer.Option(_P.top_k, help="0 turns top-k off."),
-    top_p: float = typer.Option(_P.top_p, help="1.0 turns top-p off."),
-    min_p: float = typer.Option(_P.min_p, "--min-p", help="Keep tokens with p >= min_p * p_max; 0 turns it off."),
-    repeat_penalty: float = typer.Option(_P.repeat_penalty, "--repeat-penalty",
-                                         help="Penalize the last --repeat-last-n tokens (llama.cpp); 1.0 is off."),
-    repeat_last_n: int = typer.Option(_P.repeat_last_n, "--repeat-last-n",
-                                      help="Tokens the repeat penalty covers; 0 off, -1 the whole context."),
-    presence_penalty: float = typer.Option(_P.presence_penalty, "--presence-penalty",
-                                           help="Subtract from tokens already generated (OpenAI); 0 is off."),
-    frequency_penalty: float = typer.Option(_P.frequency_penalty, "--frequency-penalty",
-                                            help="Subtract per earlier occurrence in the output (OpenAI); 0 is off."),
+    sampling: dict = None,  # the shared sampling options (cli/sampling_options.py)
     seed: Optional[int] = typer.Option(None, help="Sampling seed; the same seed gives the same replies."),
     backend: str = typer.Option("auto", help="auto | cuda | numpy"),
     max_context: Optional[int] = typer.Option(None, help="KV-cache length (default: the model's limit)."),
@@ -84,10 +75,7 @@ def chat(
 ):
     """Chat with the model in the terminal. The conversation stays in the KV cache between turns,
     so each turn prefills only its new tokens."""
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                            max_new_tokens=max_new_tokens, min_p=min_p, repeat_penalty=repeat_penalty,
-                            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-                            frequency_penalty=frequency_penalty)
+    params = SamplingParams(seed=seed, max_new_tokens=max_new_tokens, **sampling)
     engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph,
                                        quantize=quantize),
                            max_waiting=1)

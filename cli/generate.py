@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from cli.main import app, silence
+from cli.sampling_options import sampling_options
 from engine.errors import GDecodeError
 from engine.llm import DEFAULT_MODEL, LLM
 from engine.sampling import SamplingParams, resolve_seed
@@ -69,23 +70,13 @@ def _write(piece: str) -> None:
 
 
 @app.command()
+@sampling_options
 def generate(
     prompt: str = typer.Argument(..., help="The prompt text, or - to read it from standard input."),
     model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
     max_new_tokens: int = typer.Option(_P.max_new_tokens, "--max-new-tokens", "-n",
                                        help="Generate at most this many tokens (>= 1)."),
-    temperature: float = typer.Option(_P.temperature, help="0 means greedy."),
-    top_k: int = typer.Option(_P.top_k, help="0 turns top-k off."),
-    top_p: float = typer.Option(_P.top_p, help="1.0 turns top-p off."),
-    min_p: float = typer.Option(_P.min_p, "--min-p", help="Keep tokens with p >= min_p * p_max; 0 turns it off."),
-    repeat_penalty: float = typer.Option(_P.repeat_penalty, "--repeat-penalty",
-                                         help="Penalize the last --repeat-last-n tokens (llama.cpp); 1.0 is off."),
-    repeat_last_n: int = typer.Option(_P.repeat_last_n, "--repeat-last-n",
-                                      help="Tokens the repeat penalty covers; 0 off, -1 the whole context."),
-    presence_penalty: float = typer.Option(_P.presence_penalty, "--presence-penalty",
-                                           help="Subtract from tokens already generated (OpenAI); 0 is off."),
-    frequency_penalty: float = typer.Option(_P.frequency_penalty, "--frequency-penalty",
-                                            help="Subtract per earlier occurrence in the output (OpenAI); 0 is off."),
+    sampling: dict = None,  # the shared sampling options (cli/sampling_options.py)
     logprobs: Optional[int] = typer.Option(None, "--logprobs", help="Print each token's log-probability and the "
                                            "top N (0-20) as JSON lines on stderr."),
     seed: Optional[int] = typer.Option(None, help="Sampling seed; the same seed gives the same tokens (printed on "
@@ -107,10 +98,7 @@ def generate(
     if system is not None and not chat:
         raise GDecodeError("--system needs --chat")
     stops = tuple(unescape(_valid_text(s, "--stop")) for s in stop)
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                            max_new_tokens=max_new_tokens, stop=stops, min_p=min_p,
-                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logprobs=logprobs)
+    params = SamplingParams(seed=seed, max_new_tokens=max_new_tokens, stop=stops, logprobs=logprobs, **sampling)
     if system is not None:
         system = _valid_text(system, "--system")
     llm = LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph, quantize=quantize)

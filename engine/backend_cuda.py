@@ -70,6 +70,20 @@ class CudaBackend:
         self.held: list[int] = []  # the tokens whose K/V the cache holds at positions 0..len-1
         self.reused = 0  # prompt tokens the last generate() took from the cache
         self.token_logprobs: TokenLogprobs | None = None  # the last yielded token's, when asked for
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Run a short request and one of a full prefill chunk, so that the first real request pays no
+        lazy module loading or cuBLAS set-up. The cache rows it wrote are not held for reuse."""
+        if self.prefill is None:
+            return
+        longest = min(self.prefill.chunk, self.max_context - 2)  # a prompt of n + 1 leaves a position
+        if longest < 1:
+            return
+        for n in sorted({min(16, longest), longest}):
+            for _ in self.generate([0] * (n + 1), SamplingParams(temperature=0.0, max_new_tokens=1), 1):
+                pass
+        self.held, self.reused = [], 0
 
     def start(self, prompt_ids, params: SamplingParams | None = None, seed: int = 0, prefill: bool = False,
               keep: int = 0) -> int:

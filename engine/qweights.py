@@ -10,6 +10,7 @@ import numpy as np
 from engine.errors import GDecodeError
 from engine.quant import QTYPES, QUANTIZE_AT_LOAD, QuantMatrix, QuantStack, dequantize, is_quantized, quantize
 from engine.weights import LayerWeights, ModelWeights
+from engine.weights import weight_arrays as arrays
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")  # per layer; embed and lm_head besides
@@ -42,16 +43,6 @@ def _map(weights: ModelWeights, fn, names: tuple[str, ...] | None = None) -> Mod
 
 def has_quantized(weights: ModelWeights) -> bool:
     return any(is_quantized(a) for a in arrays(weights))
-
-
-def arrays(weights: ModelWeights) -> list:
-    """Every weight once (numpy array, QuantMatrix or QuantStack); a tied lm_head is the embedding."""
-    out = [weights.embed, weights.final_norm]
-    if weights.lm_head is not weights.embed:
-        out.append(weights.lm_head)
-    for lw in weights.layers:
-        out += [a for a in vars(lw).values() if a is not None]
-    return out
 
 
 def dequantized(weights: ModelWeights, round_bf16: bool = True) -> ModelWeights:

@@ -285,8 +285,9 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig) -> ModelWeights:
     return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 
 
-def weight_arrays(weights: ModelWeights) -> list[np.ndarray]:
-    """Every weight array once (a tied lm_head is the embedding)."""
+def weight_arrays(weights: ModelWeights) -> list:
+    """Every weight once (a numpy array, or a quantized matrix where the weights hold one); a tied
+    lm_head is the embedding."""
     arrays = [weights.embed, weights.final_norm]
     if weights.lm_head is not weights.embed:
         arrays.append(weights.lm_head)

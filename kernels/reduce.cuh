@@ -10,24 +10,24 @@ struct Scratch {
     int i[32];
 };
 
-__device__ __forceinline__ float block_sum(float v, Scratch& s) {
+// WARP_OP folds a warp; lanes past the last warp's partial read `identity`
+template <typename T, T (*WARP_OP)(T)>
+__device__ __forceinline__ T block_reduce(T v, T (&partial)[32], T identity) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) s.f[warp] = v;
+    v = WARP_OP(v);
+    if (lane == 0) partial[warp] = v;
     __syncthreads();
-    v = warp_sum(lane < BLOCK_WARPS ? s.f[lane] : 0.f);
+    v = WARP_OP(lane < BLOCK_WARPS ? partial[lane] : identity);
     __syncthreads();
     return v;
 }
 
+__device__ __forceinline__ float block_sum(float v, Scratch& s) {
+    return block_reduce<float, warp_sum>(v, s.f, 0.f);
+}
+
 __device__ __forceinline__ float block_max(float v, Scratch& s) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_max(v);
-    if (lane == 0) s.f[warp] = v;
-    __syncthreads();
-    v = warp_max(lane < BLOCK_WARPS ? s.f[lane] : NEG_INF);
-    __syncthreads();
-    return v;
+    return block_reduce<float, warp_max>(v, s.f, NEG_INF);
 }
 
 __device__ __forceinline__ int warp_sum_int(int v) {
@@ -37,13 +37,7 @@ __device__ __forceinline__ int warp_sum_int(int v) {
 }
 
 __device__ __forceinline__ int block_sum_int(int v, Scratch& s) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum_int(v);
-    if (lane == 0) s.i[warp] = v;
-    __syncthreads();
-    v = warp_sum_int(lane < BLOCK_WARPS ? s.i[lane] : 0);
-    __syncthreads();
-    return v;
+    return block_reduce<int, warp_sum_int>(v, s.i, 0);
 }
 
 // (value, index) with the larger value winning, the lower index on ties

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +25,15 @@ ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "PYTHONUNBUFFERED": "1"}
 
 def gdecode_cmd(*args) -> list[str]:
     return [sys.executable, "-c", "from cli.main import main; main()", *map(str, args)]
+
+
+def in_threads(fn, n: int, timeout: float) -> None:
+    """fn(0) .. fn(n - 1) at the same time, one thread each; waits up to `timeout` for each thread."""
+    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
 
 
 def free_port() -> int:

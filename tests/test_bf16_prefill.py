@@ -7,30 +7,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engine.config import ModelConfig
 from engine.reference import ReferenceModel
-from engine.weights import load_weights
 from tests.bf16_prefill import FIRST_KV_TOL, KV_TOL, LOGIT_TOL, bf16, errors, prefill_bf16, within
-from tests.test_decode_gpu import bf16_weights
+from tests.test_decode_gpu import bf16_models
 from tests.test_prefill_gpu import MODELS, fresh_ids
-from tests.tiny import make_tiny_model
 
 CASES = [("llama3", 7), ("llama3", 513), ("qwen2-hd64", 513)]
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    made = {}
-
-    def get(name):
-        if name not in made:
-            arch, kw = MODELS[name]
-            d = make_tiny_model(tmp_path_factory.mktemp(name), arch, **kw)
-            cfg = ModelConfig.from_dir(d)
-            made[name] = cfg, bf16_weights(load_weights(d, cfg))
-        return made[name]
-
-    return get
+    return bf16_models(tmp_path_factory, MODELS)
 
 
 def show(what, errs):

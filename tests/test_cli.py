@@ -71,11 +71,16 @@ def test_generate_seed_is_reproducible(tiny):
     assert a.stdout != c.stdout
 
 
-def test_generate_stops_at_context_limit(tiny):
-    r = gdecode("generate", "a b", "--model", tiny, "--backend", "numpy", "--temperature", "0",
-                "--max-context", "16", "--max-new-tokens", "100")
+def assert_stops_at_context_limit(model, backend: str, prompt: str, ctx: int):
+    """generate with a KV cache of ctx tokens runs into its end, finishes and says so."""
+    r = gdecode("generate", prompt, "--model", model, "--backend", backend, "--temperature", "0",
+                "--max-context", ctx, "--max-new-tokens", "100")
     assert r.returncode == 0, r.stderr
-    assert "context limit of 16" in r.stderr
+    assert f"context limit of {ctx}" in r.stderr
+
+
+def test_generate_stops_at_context_limit(tiny):
+    assert_stops_at_context_limit(tiny, "numpy", "a b", 16)
 
 
 def test_prompt_longer_than_context(tiny):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.test_cli import gdecode
+from tests.test_cli import assert_stops_at_context_limit, gdecode
 from tests.tiny import make_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -24,10 +24,7 @@ def test_generate_on_cuda_graph_equals_eager(tiny):
 
 
 def test_generate_on_cuda_stops_at_the_context_limit(tiny):
-    r = gdecode("generate", "a b c", "--model", tiny, "--backend", "cuda", "--temperature", "0",
-                "--max-context", "20", "--max-new-tokens", "100")
-    assert r.returncode == 0, r.stderr
-    assert "context limit of 20" in r.stderr
+    assert_stops_at_context_limit(tiny, "cuda", "a b c", 20)
 
 
 def test_prompt_longer_than_the_cuda_context(tiny):

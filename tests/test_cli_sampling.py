@@ -1,4 +1,4 @@
-"""`gdecode generate` sampling options: bad values, --logprobs JSON lines, the seed in use."""
+"""`gdecode generate` and `chat` sampling options: bad values, --logprobs JSON lines, the seed in use."""
 
 import json
 import math
@@ -16,8 +16,11 @@ def tiny(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("cli_sampling") / "m", "llama", tied=False, heads=4, kv_heads=2)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "cuda"])
-@pytest.mark.parametrize("args,needle", [
+# a bad value of each sampling option that generate and chat share, and the field the error names
+BAD_SHARED = [
+    (("--temperature", "-1"), "temperature"),
+    (("--top-k", "-1"), "top_k"),
+    (("--top-p", "0"), "top_p"),
     (("--min-p", "1.5"), "min_p"),
     (("--min-p", "-0.1"), "min_p"),
     (("--repeat-penalty", "inf"), "repeat_penalty"),
@@ -25,11 +28,23 @@ def tiny(tmp_path_factory):
     (("--presence-penalty", "inf"), "presence_penalty"),
     (("--frequency-penalty", "nan"), "frequency_penalty"),
     (("--repeat-last-n", "-2"), "repeat_last_n"),
+]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cuda"])
+@pytest.mark.parametrize("args,needle", [
+    *BAD_SHARED,
     (("--logprobs", "21"), "logprobs"),
     (("--logprobs", "-1"), "logprobs"),
 ])
 def test_bad_sampling_options(tiny, backend, args, needle):
     assert_one_line_error(gdecode("generate", "hi", "--model", tiny, "--backend", backend, *args), needle)
+
+
+@pytest.mark.parametrize("args,needle", BAD_SHARED)
+def test_chat_checks_each_sampling_option(tiny, args, needle):
+    """chat shares generate's sampling options: each value reaches its own SamplingParams field."""
+    assert_one_line_error(gdecode("chat", "--model", tiny, "--backend", "numpy", *args, stdin=""), needle)
 
 
 def test_logprobs_json_lines_and_seed(tiny):

@@ -7,6 +7,7 @@ rounding the reference's cache), so the check against the plain reference is 5e-
 reference whose cache rounds to bf16 too, only float32 summation order remains: 2e-3.
 """
 
+import functools
 import os
 
 import ml_dtypes
@@ -58,19 +59,22 @@ def reference(cfg, w, ctx, splits, bf16_kv=False):
     return ref
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    made = {}
+def bf16_models(tmp_path_factory, models: dict):
+    """get(name) -> (cfg, weights rounded to bf16) of the tiny model models[name] = (arch, kwargs), made once."""
 
+    @functools.cache
     def get(name):
-        if name not in made:
-            arch, kw = MODELS[name]
-            d = make_tiny_model(tmp_path_factory.mktemp(name), arch, **kw)
-            cfg = ModelConfig.from_dir(d)
-            made[name] = cfg, bf16_weights(load_weights(d, cfg))
-        return made[name]
+        arch, kw = models[name]
+        d = make_tiny_model(tmp_path_factory.mktemp(name), arch, **kw)
+        cfg = ModelConfig.from_dir(d)
+        return cfg, bf16_weights(load_weights(d, cfg))
 
     return get
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return bf16_models(tmp_path_factory, MODELS)
 
 
 def backend(cfg, w, **kw):

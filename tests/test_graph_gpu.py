@@ -105,8 +105,7 @@ def test_pack_args_builds_pointer_array():
 def test_replay_matches_eager(cp, stream, module, inputs):
     x, s = inputs
     eager, graphed = Chain(cp, module, x, s), Chain(cp, module, x, s)
-    graph = capture(stream, graphed.launches)
-    try:
+    with capture(stream, graphed.launches) as graph:
         assert len(graph.kernel_nodes()) == 4 and graph.launches == graphed.launches
         with stream:
             mismatches = cp.zeros((), cp.int64)
@@ -121,16 +120,13 @@ def test_replay_matches_eager(cp, stream, module, inputs):
         stream.synchronize()
         assert int(mismatches) == 0
         check_reference(cp, stream, x, s, graphed)
-    finally:
-        graph.destroy()
 
 
 @gpu
 def test_node_update_points_at_new_buffer(cp, stream, module, inputs):
     x, s = inputs
     ref, chain = Chain(cp, module, x, s), Chain(cp, module, x, s)
-    graph = capture(stream, chain.launches)
-    try:
+    with capture(stream, chain.launches) as graph:
         nodes = graph.kernel_nodes()
         assert len(nodes) == 4 and {graph.launch_of(n) for n in nodes} == set(chain.launches)
         assert all(len(graph.nodes_of(launch_)) == 1 for launch_ in chain.launches)
@@ -155,8 +151,6 @@ def test_node_update_points_at_new_buffer(cp, stream, module, inputs):
         graph.replay(stream)
         stream.synchronize()
         assert bool((chain.y == ref.y).all()) and bool((chain.out == ref.out).all())
-    finally:
-        graph.destroy()
 
 
 @gpu
@@ -239,10 +233,9 @@ def test_host_cost_per_replay_and_launch(cp, stream, module, inputs, capsys):
         for launch_ in launches:
             launch_(stream)
 
-    graph = capture(stream, launches)
     batches, per_batch = 10, 100  # sync between batches so a full launch queue never blocks the host
     n = batches * per_batch
-    try:
+    with capture(stream, launches) as graph:
         assert len(graph.kernel_nodes()) == len(launches)
         chain.poison(stream)
         replay_s = eager_s = 0.0
@@ -265,8 +258,6 @@ def test_host_cost_per_replay_and_launch(cp, stream, module, inputs, capsys):
             stream.synchronize()
         assert bool((c == 2 * n).all())
         check_reference(cp, stream, x, s, chain)
-    finally:
-        graph.destroy()
     with capsys.disabled():
         print(f"\n  host per graph replay ({len(launches)} kernels): {replay_s / n * 1e6:.2f} us;"
               f" host per eager launch: {eager_s / (n * len(launches)) * 1e6:.2f} us;"

@@ -16,7 +16,7 @@ from graphs.buffers import STATE_DTYPE
 from kernels.gemv_ops import EPI_ADD, EPI_GATE, EPI_SILU, EPI_STORE
 from kernels.numerics import active_splits, rope_tables
 from kernels.tuning import AttnTuning, GemvTuning
-from tests.gemv_check import GemvCase, check
+from tests.gemv_check import GemvCase, check, rel, rms
 
 pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
@@ -39,12 +39,6 @@ def bf16(a):
     return b.view(np.uint16), b.astype(np.float32)
 
 
-def rel(out, ref):
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    assert np.isfinite(out).all(), "non-finite output (an element left unwritten?)"
-    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
-
-
 def state(cp, **fields):
     st = np.zeros(1, STATE_DTYPE)
     st["ring_mask"] = 0
@@ -53,22 +47,9 @@ def state(cp, **fields):
     return cp.asarray(st.view(np.uint8))
 
 
-def amax_of(x):
-    """The packed argmax word the lm_head GEMV leaves for the sampler (value key, then lowest index)."""
-    u = np.asarray(x, np.float32) + np.float32(0)
-    u = u.view(np.uint32).astype(np.uint64)
-    key = np.where(u & 0x80000000, ~u & 0xFFFFFFFF, u | 0x80000000)
-    i = int(np.argmax(x))
-    return np.array([(int(key[i]) << 32) | (0xFFFFFFFF - i)], np.uint64)
-
-
 def run(cp, launch):
     launch(None)
     cp.cuda.get_current_stream().synchronize()
-
-
-def rms(x, g, eps):
-    return x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * g
 
 
 def norm_input(rng, shape, eps):

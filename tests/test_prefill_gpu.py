@@ -12,18 +12,16 @@ where that run's own top two logits are within TIE of each other (in units of th
 deviation); the comparison ends there.
 """
 
+import functools
 import zlib
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from engine.config import ModelConfig
 from engine.errors import GDecodeError
-from engine.weights import load_weights
 from tests.bf16_prefill import FIRST_KV_TOL, KV_TOL, LOGIT_TOL, errors, prefill_bf16, within
-from tests.test_decode_gpu import bf16_weights, reference
-from tests.tiny import make_tiny_model
+from tests.test_decode_gpu import bf16_models, reference
 
 pytestmark = pytest.mark.gpu
 MODELS = {
@@ -45,20 +43,16 @@ POISON = 0xFFFF  # bf16 NaN
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    made = {}
+    tiny = bf16_models(tmp_path_factory, MODELS)
 
+    @functools.cache
     def get(name):
-        if name not in made:
-            from engine.backend_cuda import CudaBackend
-            from graphs.prefill import prefill_for
+        from engine.backend_cuda import CudaBackend
+        from graphs.prefill import prefill_for
 
-            arch, kw = MODELS[name]
-            d = make_tiny_model(tmp_path_factory.mktemp(name), arch, **kw)
-            cfg = ModelConfig.from_dir(d)
-            w = bf16_weights(load_weights(d, cfg))
-            be = CudaBackend(cfg, w, max_context=CTX)
-            made[name] = cfg, w, be, prefill_for(be)
-        return made[name]
+        cfg, w = tiny(name)
+        be = CudaBackend(cfg, w, max_context=CTX)
+        return cfg, w, be, prefill_for(be)
 
     return get
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from engine.sampling import SamplingParams
-from tests.serving import ENV, ROOT, Server, gdecode_cmd, make_long_model
+from tests.serving import ENV, ROOT, Server, gdecode_cmd, in_threads, make_long_model
 from tests.tiny import make_tiny_model
 
 SYSTEM = "You are terse."
@@ -303,11 +303,7 @@ def test_concurrent_clients(server):
         else:
             got[i] = streamed(chat(server.client(), msgs, max_tokens=12, stream=True, **GREEDY))[0]
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    in_threads(one, 8, 120)
     assert [got.get(i) for i in range(8)] == want
 
 
@@ -446,11 +442,7 @@ def test_soak_200_requests_from_8_clients(server):
                 failures.append(f"{kind}: {type(e).__name__}: {e}")
             finished()
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    in_threads(client, 8, 600)
     assert not failures, failures[:5]
     assert done[0] == 200
     assert chat(server.client(), [{"role": "user", "content": "still there?"}], max_tokens=2).usage

@@ -6,7 +6,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -17,7 +16,7 @@ from engine.llm import DEFAULT_MODEL
 from engine.prefix import shared_prefix
 from engine.sampling import SamplingParams
 from engine.weights import load_weights
-from tests.serving import ENV, ROOT, Server, gdecode_cmd, make_long_model
+from tests.serving import ENV, ROOT, Server, gdecode_cmd, in_threads, make_long_model
 from tests.tiny import make_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -173,11 +172,7 @@ def test_cuda_server_concurrency_and_disconnect(server):
         got[i] = chat(server.client(), [{"role": "user", "content": prompts[i]}], max_tokens=24,
                       temperature=0.0).choices[0].message.content
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    in_threads(one, 8, 300)
     assert [got.get(i) for i in range(8)] == want
     stream = chat(server.client(), [{"role": "user", "content": "Tell me a very long story."}], max_tokens=3000,
                   temperature=0.0, stream=True, extra_body={"ignore_eos": True})

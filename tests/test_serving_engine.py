@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from contextlib import contextmanager
 
 import pytest
 
@@ -47,6 +48,17 @@ class Collector:
                 return "".join(text), ev
 
 
+@contextmanager
+def running(engine: ServingEngine):
+    """The engine started, then stopped and joined however the block ends."""
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+        assert engine.join(10)
+
+
 def request(ids, params=GREEDY, **kw):
     c = Collector()
     return Request(list(ids), params, c, **kw), c
@@ -71,9 +83,7 @@ def test_scheduler_is_bounded_fifo():
 def test_text_equals_llm_generate(llm):
     prompts = ["Hello, world!", "def main():", "The quick brown fox"]
     want = [("".join(llm.generate(p, GREEDY, chat=True)), llm.stats) for p in prompts]
-    engine = ServingEngine(lambda: llm)
-    engine.start()
-    try:
+    with running(ServingEngine(lambda: llm)) as engine:
         pending = [request(llm.encode_prompt(p, chat=True)) for p in prompts]
         for r, _ in pending:
             engine.submit(r)
@@ -83,15 +93,10 @@ def test_text_equals_llm_generate(llm):
             assert got == text
             assert end.usage.completion_tokens == stats.new_tokens
             assert end.reason == {"eos": "stop", "length": "length"}[stats.stop_reason]
-    finally:
-        engine.stop()
-        assert engine.join(10)
 
 
 def test_requests_run_in_order_and_cancel(long_llm):
-    engine = ServingEngine(lambda: long_llm, max_waiting=8)
-    engine.start()
-    try:
+    with running(ServingEngine(lambda: long_llm, max_waiting=8)) as engine:
         order = []
         lock = threading.Lock()
         runs = []
@@ -117,9 +122,6 @@ def test_requests_run_in_order_and_cancel(long_llm):
         assert ends[0].reason == "abort" and ends[0].usage.completion_tokens < 2000
         assert ends[1].reason == "length" and ends[1].usage.completion_tokens == 2000
         assert ends[2].reason == "abort" and ends[2].usage.completion_tokens == 0
-    finally:
-        engine.stop()
-        assert engine.join(10)
 
 
 def test_stop_ends_running_and_fails_waiting(long_llm):
@@ -142,9 +144,7 @@ def test_stop_ends_running_and_fails_waiting(long_llm):
 
 
 def test_bad_prompt_fails_without_stopping_the_engine(llm):
-    engine = ServingEngine(lambda: llm)
-    engine.start()
-    try:
+    with running(ServingEngine(lambda: llm)) as engine:
         r, c = request(range(3, 3 + llm.max_context))
         engine.submit(r)
         end = c.wait()[1]
@@ -152,9 +152,6 @@ def test_bad_prompt_fails_without_stopping_the_engine(llm):
         r, c = request([5, 6, 7])
         engine.submit(r)
         assert isinstance(c.wait()[1], Finished)
-    finally:
-        engine.stop()
-        assert engine.join(10)
 
 
 def test_load_error_reaches_start(tmp_path):

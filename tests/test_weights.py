@@ -196,21 +196,22 @@ def error_of(path, cfg) -> str:
     return msg
 
 
-def test_missing_tensor(tmp_path):
-    config = tiny_config()
+def error_after(tmp_path, edit, arch="llama", dtype=np.float32, shards=1) -> str:
+    """The load error of a tiny checkpoint whose tensors edit(tensors) changed in place."""
+    config = tiny_config(arch)
     cfg = ModelConfig.from_dict(config)
     t = random_tensors(cfg)
-    del t["model.layers.1.mlp.up_proj.weight"]
-    msg = error_of(write_checkpoint(tmp_path / "m", config, t), cfg)
+    edit(t)
+    return error_of(write_checkpoint(tmp_path / "m", config, t, dtype=dtype, shards=shards), cfg)
+
+
+def test_missing_tensor(tmp_path):
+    msg = error_after(tmp_path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
     assert "model.safetensors" in msg and "model.layers.1.mlp.up_proj.weight" in msg and "missing" in msg
 
 
 def test_missing_tensor_sharded(tmp_path):
-    config = tiny_config("qwen2")
-    cfg = ModelConfig.from_dict(config)
-    t = random_tensors(cfg)
-    del t["model.layers.0.self_attn.k_proj.bias"]
-    msg = error_of(write_checkpoint(tmp_path / "m", config, t, shards=2), cfg)
+    msg = error_after(tmp_path, lambda t: t.pop("model.layers.0.self_attn.k_proj.bias"), "qwen2", shards=2)
     assert "model.safetensors.index.json" in msg and "model.layers.0.self_attn.k_proj.bias" in msg
 
 
@@ -226,20 +227,15 @@ def test_tensor_listed_in_index_but_absent_from_shard(tmp_path):
 
 
 def test_untied_without_lm_head(tmp_path):
-    config = tiny_config()
-    cfg = ModelConfig.from_dict(config)
-    t = random_tensors(cfg)
-    del t["lm_head.weight"]
-    msg = error_of(write_checkpoint(tmp_path / "m", config, t), cfg)
+    msg = error_after(tmp_path, lambda t: t.pop("lm_head.weight"))
     assert "model.safetensors" in msg and "lm_head.weight" in msg and "tie_word_embeddings" in msg
 
 
 def test_wrong_shape(tmp_path):
-    config = tiny_config()
-    cfg = ModelConfig.from_dict(config)
-    t = random_tensors(cfg)
-    t["model.layers.0.self_attn.o_proj.weight"] = t["model.layers.0.self_attn.o_proj.weight"].T.copy()
-    msg = error_of(write_checkpoint(tmp_path / "m", config, t), cfg)
+    def edit(t):
+        t["model.layers.0.self_attn.o_proj.weight"] = t["model.layers.0.self_attn.o_proj.weight"].T.copy()
+
+    msg = error_after(tmp_path, edit)
     assert "model.safetensors" in msg and "model.layers.0.self_attn.o_proj.weight" in msg
     assert "[24, 16]" in msg and "[16, 24]" in msg
 
@@ -251,20 +247,19 @@ def test_wrong_vocab_size(tmp_path):
 
 
 def test_unsupported_dtype(tmp_path):
-    config = tiny_config()
-    cfg = ModelConfig.from_dict(config)
-    t = random_tensors(cfg)
-    t["model.norm.weight"] = t["model.norm.weight"].astype(np.float64)
-    msg = error_of(write_checkpoint(tmp_path / "m", config, t, dtype=None), cfg)
+    def edit(t):
+        t["model.norm.weight"] = t["model.norm.weight"].astype(np.float64)
+
+    msg = error_after(tmp_path, edit, dtype=None)
     assert "model.safetensors" in msg and "model.norm.weight" in msg and "F64" in msg
 
 
 def test_mixed_dtypes_in_a_fused_group(tmp_path):
-    config = tiny_config()
-    cfg = ModelConfig.from_dict(config)
-    t = {k: v.astype(ml_dtypes.bfloat16) for k, v in random_tensors(cfg).items()}
-    t["model.layers.1.self_attn.v_proj.weight"] = t["model.layers.1.self_attn.v_proj.weight"].astype(np.float32)
-    msg = error_of(write_checkpoint(tmp_path / "m", config, t, dtype=None), cfg)
+    def edit(t):
+        t.update({k: v.astype(ml_dtypes.bfloat16) for k, v in t.items()})
+        t["model.layers.1.self_attn.v_proj.weight"] = t["model.layers.1.self_attn.v_proj.weight"].astype(np.float32)
+
+    msg = error_after(tmp_path, edit, dtype=None)
     assert "model.layers.1.self_attn.v_proj.weight" in msg
 
 
