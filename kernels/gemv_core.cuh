@@ -7,7 +7,10 @@
 // the way, and the dot products scaled by 1/rms at the end. X_SMEM: each block first copies x
 // (times gamma) into shared memory, one padded row of float4s per chunk so that the lanes' reads of
 // consecutive chunks hit distinct banks; read straight from global memory, a lane's chunk of 32
-// 4-bit weights puts the lanes' x loads 128 bytes apart, 32 cache lines per load. SPLIT_K warps share a unit, each taking every SPLIT_K-th
+// 4-bit weights puts the lanes' x loads 128 bytes apart, 32 cache lines per load. XQ (block formats):
+// x (times gamma) is instead quantized to int8 per 32 values into shared memory, ggml's q8_1, and the
+// formats' dotq multiply it by their integer quants with dp4a (4 weights per instruction, a quarter of
+// the x bytes); 1/rms still scales the final dot. SPLIT_K warps share a unit, each taking every SPLIT_K-th
 // 32-chunk segment. A block takes several units per warp group, striding by the grid: a grid of
 // about one block per resident slot keeps every warp streaming from start to end. Loads run one
 // batch ahead of the FMAs, across unit boundaries, so each warp keeps weights in flight through
@@ -30,6 +33,9 @@
 #endif
 #ifndef X_SMEM
 #define X_SMEM 0
+#endif
+#ifndef XQ
+#define XQ 0
 #endif
 
 constexpr int GROUPS = WARPS / SPLIT_K;  // units a block streams at once
@@ -99,6 +105,75 @@ __device__ __forceinline__ float stage_x(const float4* __restrict__ x4, const fl
     return 1.0f / sqrtf(total / (float)K + eps);
 }
 
+// XQ: x (times gamma) quantized into shared memory as ggml's q8_1, per block of 32 values: d = amax / 127,
+// q = rint(x / d) computed as x * (1 / d) (round half to even; all in fp32 round-to-nearest). Granule g
+// (values 16g..16g+15) sits in plane g % G at index g / G, G granules per chunk, so each lane reads its
+// chunk's granules at unit stride; meta[b] = (d, the int16 sums of q over the block's two halves).
+#if XQ
+constexpr int XG = Fmt::W / 16;  // granules per chunk
+struct XQLoader {
+    const uint4* q;
+    const uint2* m;
+    __device__ __forceinline__ uint4 granule(int k, int i) const { return q[i * CHUNKS + k]; }
+    __device__ __forceinline__ uint2 meta(int b) const { return m[b]; }
+    __device__ __forceinline__ uint4 meta2(int k) const { return reinterpret_cast<const uint4*>(m)[k]; }
+};
+
+// returns 1/rms of x with NORM (else 1)
+__device__ __forceinline__ float stage_xq(const float4* __restrict__ x4, const float4* __restrict__ g4, float eps,
+                                          unsigned char* xs) {
+    __shared__ float part[WARPS];
+    constexpr int N8 = K / 8;  // 8 values per thread and step; 4 lanes per block of 32
+    float ss = 0.f;
+#pragma unroll 4
+    for (int f0 = 0; f0 < N8; f0 += WARPS * 32) {
+        const int f = f0 + threadIdx.x;
+        const bool ok = f < N8;  // uniform over each 4 lanes of one block
+        float4 a = ok ? __ldg(x4 + 2 * f) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 b = ok ? __ldg(x4 + 2 * f + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (NORM) {
+            ss = fmaf(a.x, a.x, fmaf(a.y, a.y, fmaf(a.z, a.z, fmaf(a.w, a.w, ss))));
+            ss = fmaf(b.x, b.x, fmaf(b.y, b.y, fmaf(b.z, b.z, fmaf(b.w, b.w, ss))));
+            if (ok) {
+                a = mul4(a, __ldg(g4 + 2 * f));
+                b = mul4(b, __ldg(g4 + 2 * f + 1));
+            }
+        }
+        float amax = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))),
+                           fmaxf(fmaxf(fabsf(b.x), fabsf(b.y)), fmaxf(fabsf(b.z), fabsf(b.w))));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float d = __fdiv_rn(amax, 127.0f);
+        const float id = d > 0.f ? __frcp_rn(d) : 0.f;
+        const int q0 = __float2int_rn(a.x * id), q1 = __float2int_rn(a.y * id), q2 = __float2int_rn(a.z * id),
+                  q3 = __float2int_rn(a.w * id), q4 = __float2int_rn(b.x * id), q5 = __float2int_rn(b.y * id),
+                  q6 = __float2int_rn(b.z * id), q7 = __float2int_rn(b.w * id);
+        const unsigned lo = __byte_perm(__byte_perm(q0, q1, 0x0040), __byte_perm(q2, q3, 0x0040), 0x5410);
+        const unsigned hi = __byte_perm(__byte_perm(q4, q5, 0x0040), __byte_perm(q6, q7, 0x0040), 0x5410);
+        int sq = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7));
+        sq += __shfl_xor_sync(0xffffffffu, sq, 1);  // the sum over this 16-value granule
+        const int other = __shfl_xor_sync(0xffffffffu, sq, 2);
+        if (ok) {
+            const int g = f >> 1;
+            reinterpret_cast<uint2*>(xs)[2 * ((g % XG) * CHUNKS + g / XG) + (f & 1)] = make_uint2(lo, hi);
+            if ((f & 3) == 0)
+                reinterpret_cast<uint2*>(xs + K)[f >> 2] =
+                    make_uint2(__float_as_uint(d), ((unsigned)sq & 0xffffu) | ((unsigned)other << 16));
+        }
+    }
+    if (NORM) {
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    }
+    __syncthreads();
+    if (!NORM) return 1.0f;
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) total += part[w];
+    return 1.0f / sqrtf(total / (float)K + eps);
+}
+#endif
+
 // batch b of the unit's rows; a dead unit loads nothing
 template <bool EARLY>
 __device__ __forceinline__ void load_batch(const unsigned char* const (&rp)[ROWS], bool live, int b, int part,
@@ -125,7 +200,11 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
         return;
     }
     extern __shared__ float4 xs[];
+#if XQ
+    XQLoader xl{reinterpret_cast<const uint4*>(xs), reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned char*>(xs) + K)};
+#else
     XLoader xl{reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma), xs, 0.f};
+#endif
     Chunk a[BATCH][ROWS];
     const unsigned char* rp[ROWS];
     {
@@ -135,7 +214,12 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
         load_batch<true>(rp, u < n, 0, part, lane, a);
     }
     pdl_enter();
+#if XQ
+    const float x_rs = stage_xq(reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma), eps,
+                                reinterpret_cast<unsigned char*>(xs));
+#else
     const float x_rs = X_SMEM ? stage_x(xl.x4, xl.g4, eps, xs) : 1.0f;
+#endif
     epi.begin();
 #pragma unroll 1
     for (int j = 0; base < n; base += stride, ++j) {
@@ -144,7 +228,9 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
         float acc[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
+#if !XQ
         xl.ss = 0.f;
+#endif
 #pragma unroll 1
         for (int b = 0; b < BATCHES; ++b) {
             const bool next_unit = b + 1 == BATCHES;
@@ -157,14 +243,22 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
             for (int v = 0; v < BATCH; ++v) {
                 const int k = ((b * BATCH + v) * SPLIT_K + part) * 32 + lane;
                 if (RAGGED && k >= CHUNKS) continue;
+#if XQ
+                Fmt::template dotq<ROWS>(a[v], xl, k, acc);
+#else
                 Fmt::template dot<ROWS>(a[v], xl, k, acc);
+#endif
             }
 #pragma unroll
             for (int v = 0; v < BATCH; ++v)
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) a[v][r] = na[v][r];
         }
+#if XQ
+        float ss = 0.f;
+#else
         float ss = NORM && !X_SMEM ? warp_sum(xl.ss) : 0.f;
+#endif
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) acc[r] = warp_sum(acc[r]);
         if (SPLIT_K > 1) {
@@ -187,7 +281,7 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
         }
         if (part != 0 || u >= n || lane != 0) continue;
         if (NORM) {
-            const float rs = X_SMEM ? x_rs : 1.0f / sqrtf(ss / (float)K + eps);
+            const float rs = X_SMEM || XQ ? x_rs : 1.0f / sqrtf(ss / (float)K + eps);
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) acc[r] *= rs;
         }

@@ -4,7 +4,9 @@
 // to dequantize it. The quantized rows are ggml blocks repacked at load (kernels/quant_layout.py
 // describes the planes); every product uses ggml's own values: fp16 scales converted exactly, the
 // small integer scales and quants exact in fp32. Dot products factor each (sub-)block's scale out
-// of its sum, d * sum(q x) - m * sum(x), which changes only the order of the fp32 sums.
+// of its sum, d * sum(q x) - m * sum(x), which changes only the order of the fp32 sums. With int8 x
+// (dotq) the sums over a block are exact int32 dp4a's, offsets come out as off * sum(q_x), and the
+// scales, mins and x's block scale are applied in fp32 per (sub-)block.
 #include "common.cuh"
 
 #ifndef K
@@ -134,6 +136,27 @@ __device__ __forceinline__ unsigned half_word(const uint4 q, int h, int i2) {
     return h ? (i2 ? q.w : q.z) : (i2 ? q.y : q.x);
 }
 
+// ---- int8 x (XQ) ----------------------------------------------------------------------------
+// x quantized per 32 values as ggml's q8_1: 16-byte granules of int8, and per 32-block the fp32 scale
+// and the int sums of q over each 16 (int16 pairs). The dot products are int32 dp4a's against the
+// exact integer quants, then the (sub-)block scales and mins in fp32: W x^ with x^ = d_x q exactly,
+// up to the fp32 rounding of the per-block terms.
+
+// sum of the 4 signed bytes of a times those of b, plus c
+__device__ __forceinline__ int dp4a(unsigned a, unsigned b, int c) { return __dp4a((int)a, (int)b, c); }
+
+// a's bytes unsigned (0..255), b's signed
+__device__ __forceinline__ int dp4a_us(unsigned a, unsigned b, int c) {
+    int r;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+__device__ __forceinline__ int lo16(unsigned v) { return (int)(v << 16) >> 16; }
+__device__ __forceinline__ int hi16(unsigned v) { return (int)v >> 16; }
+__device__ __forceinline__ int sbyte(unsigned v, int b) { return (int)(v << (24 - 8 * b)) >> 24; }
+__device__ __forceinline__ int ubyte(unsigned v, int b) { return (v >> (8 * b)) & 0xffu; }
+
 template <int N> struct Bytes { unsigned v; };  // 2 or 4 bytes
 template <> struct Bytes<0> {};
 template <> struct Bytes<8> { unsigned x, y; };
@@ -242,6 +265,48 @@ struct Nibbles : QuantRows<32, BLOCK, HIGH == 0 ? 0 : HIGH == 1 ? 4 : 8, SB, DB>
             for (int j = 0; j < R; ++j) acc[j] = fmaf(mn[j], sx, acc[j]);
         }
     }
+    // int8 x: granules 0, 1 of the chunk's x block (x words 2i, 2i + 1 meet word i's low, high nibbles)
+    template <int R, class XL>
+    static __device__ __forceinline__ void dotq(const Chunk (&c)[R], XL& x, int k, float (&acc)[R]) {
+        const uint4 xa = x.granule(k, 0), xb = x.granule(k, 1);
+        const uint2 mt = x.meta(k);
+        const float dx = __uint_as_float(mt.x);
+        const int sq0 = lo16(mt.y), sq1 = hi16(mt.y);
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            int p[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint4 xh = h ? xb : xa;
+                if constexpr (HIGH == 0) {
+                    // high nibbles in place: 16 times their dot, exactly
+                    const unsigned w0 = half_word(c[j].q, h, 0), w1 = half_word(c[j].q, h, 1);
+                    const int lo = dp4a(w1 & 0x0F0F0F0Fu, xh.z, dp4a(w0 & 0x0F0F0F0Fu, xh.x, 0));
+                    const int hi = dp4a_us(w1 & 0xF0F0F0F0u, xh.w, dp4a_us(w0 & 0xF0F0F0F0u, xh.y, 0));
+                    p[h] = lo + (hi >> 4);
+                } else {
+                    int s = dp4a(values(c[j], h, 0, 0), xh.x, 0);
+                    s = dp4a(values(c[j], h, 0, 1), xh.y, s);
+                    s = dp4a(values(c[j], h, 1, 0), xh.z, s);
+                    p[h] = dp4a(values(c[j], h, 1, 1), xh.w, s);
+                }
+            }
+            const float d = half_f(c[j].d.v);
+            if constexpr (SC == SCALE_D) {
+                acc[j] = fmaf(d * dx, (float)(p[0] + p[1] - OFF * (sq0 + sq1)), acc[j]);
+            } else if constexpr (SC == SCALE_D_MIN) {
+                const float m = half_f(c[j].d.v >> 16);
+                acc[j] = fmaf(dx, fmaf(d, (float)(p[0] + p[1]), m * (float)(sq0 + sq1)), acc[j]);
+            } else if constexpr (SC == SCALE_DSC_DMIN) {
+                const float dmin = half_f(c[j].d.v >> 16);
+                const int sc = ubyte(c[j].s.v, 0), mn = ubyte(c[j].s.v, 1);
+                acc[j] = fmaf(dx, fmaf(d, (float)(sc * (p[0] + p[1])), -(dmin * (float)(mn * (sq0 + sq1)))), acc[j]);
+            } else {
+                const int t = sbyte(c[j].s.v, 0) * (p[0] - OFF * sq0) + sbyte(c[j].s.v, 1) * (p[1] - OFF * sq1);
+                acc[j] = fmaf(d * dx, (float)t, acc[j]);
+            }
+        }
+    }
     // value of weight 8i + 4t + b: scale * (v - OFF) [+ min], one exact product and one rounding
     static __device__ __forceinline__ void dequant(const Chunk& c, float (&out)[32]) {
         float s0, s1, m;
@@ -313,6 +378,45 @@ struct Crumbs : QuantRows<64, 256, Q3 ? 8 : 0, 4, Q3 ? 2 : 4> {
             }
         }
     }
+    // int8 x: granule i of the chunk is sub-block i's x; x blocks 2k, 2k + 1 hold sub-blocks 0-1, 2-3
+    template <int R, class XL>
+    static __device__ __forceinline__ void dotq(const Chunk (&c)[R], XL& x, int k, float (&acc)[R]) {
+        uint4 xg[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xg[i] = x.granule(k, i);
+        const uint4 mt = x.meta2(k);
+        const float dx[2] = {__uint_as_float(mt.x), __uint_as_float(mt.z)};
+        const int sq[4] = {lo16(mt.y), hi16(mt.y), lo16(mt.w), hi16(mt.w)};
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            const float d = half_f(c[j].d.v);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int a = 0, m = 0;
+#pragma unroll
+                for (int i2 = 0; i2 < 2; ++i2) {
+                    const int i = 2 * h + i2;
+                    int p = dp4a(values(c[j], h, i2, 0), xg[i].x, 0);
+                    p = dp4a(values(c[j], h, i2, 1), xg[i].y, p);
+                    p = dp4a(values(c[j], h, i2, 2), xg[i].z, p);
+                    p = dp4a(values(c[j], h, i2, 3), xg[i].w, p);
+                    const unsigned sb = c[j].s.v >> (8 * i);
+                    if constexpr (Q3) {
+                        a += sbyte(sb, 0) * (p - 4 * sq[i]);
+                    } else {
+                        a += (int)(sb & 15u) * p;
+                        m += (int)((sb >> 4) & 15u) * sq[i];
+                    }
+                }
+                if constexpr (Q3) {
+                    acc[j] = fmaf(d * dx[h], (float)a, acc[j]);
+                } else {
+                    const float dmin = half_f(c[j].d.v >> 16);
+                    acc[j] = fmaf(dx[h], fmaf(d, (float)a, -(dmin * (float)m)), acc[j]);
+                }
+            }
+        }
+    }
     static __device__ __forceinline__ void dequant(const Chunk& c, float (&out)[64]) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -348,6 +452,17 @@ struct Q8_0 : QuantRows<16, 32, 0, 0, 2> {
             }
 #pragma unroll
         for (int j = 0; j < R; ++j) acc[j] = fmaf(half_f(c[j].d.v), p[j], acc[j]);
+    }
+    // int8 x: granule k is half k % 2 of x block k / 2
+    template <int R, class XL>
+    static __device__ __forceinline__ void dotq(const Chunk (&c)[R], XL& x, int k, float (&acc)[R]) {
+        const uint4 xg = x.granule(k, 0);
+        const float dx = __uint_as_float(x.meta(k >> 1).x);
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            const int p = dp4a(c[j].q.w, xg.w, dp4a(c[j].q.z, xg.z, dp4a(c[j].q.y, xg.y, dp4a(c[j].q.x, xg.x, 0))));
+            acc[j] = fmaf(half_f(c[j].d.v) * dx, (float)p, acc[j]);
+        }
     }
     static __device__ __forceinline__ void dequant(const Chunk& c, float (&out)[16]) {
         const float d = half_f(c.d.v);

@@ -94,7 +94,7 @@ def split_k(units: int, chunks: int, quant: bool, tuning: GemvTuning) -> int:
 def rows_per_unit(w, n_out: int, k: int, epi: Epilogue, tuning: GemvTuning, pair: bool) -> int:
     """Rows one warp streams together, sharing each x load."""
     if is_quant(w):
-        return tuning.quant_rows
+        return tuning.quant_rows if k > SHORT_ROW else tuning.quant_short_rows
     if epi in (EPI_SILU, Epilogue.ROPE):
         return 2
     if epi == EPI_STORE and k <= SHORT_ROW and n_out >= 8 * WARP_TARGET * sm_count():
@@ -112,10 +112,47 @@ def grid_for(groups: int, min_blocks: int, tuning: GemvTuning, blocks: int | Non
     return max(1, min(groups, blocks))
 
 
+def quantize_x(x):
+    """The int8 x of the block-format GEMVs (gemv_core.cuh stage_xq) in numpy: x [..., K] (times gamma,
+    K a multiple of 32) -> (q int8 [..., K], d float32 [..., K / 32]), x ~ d q per block of 32.
+
+    As ggml's q8_1: d = amax / 127; q = rint(x * (1 / d)), ties to even (ggml's CUDA rounds them away
+    from zero; a tie needs x / d to land exactly on a half, which 1 / d's rounding makes rare either
+    way); every step in float32 round-to-nearest; q = 0 where the block is all zeros.
+    """
+    import numpy as np
+
+    x = np.asarray(x, np.float32)
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(b).max(axis=-1) / np.float32(127)
+    inv = np.zeros_like(d)
+    np.divide(np.float32(1), d, out=inv, where=d > 0)
+    q = np.rint(b * inv[..., None])
+    return q.astype(np.int8).reshape(x.shape), d
+
+
+def dequantize_x(q, d):
+    """float64 d q: the x that the int8 GEMVs multiply by, exactly."""
+    import numpy as np
+
+    b = np.asarray(q).reshape(*d.shape, 32).astype(np.float64) * np.asarray(d, np.float64)[..., None]
+    return b.reshape(np.shape(q))
+
+
+def xq_bytes(k: int) -> int:
+    """Shared memory of x quantized to int8 per 32 values: k bytes, then (scale, sums) 8 bytes per 32."""
+    return k + k // 32 * 8
+
+
 def x_smem_bytes(w, k: int, tuning: GemvTuning) -> int:
-    """Shared memory for a block's copy of x (one padded row of float4s per chunk), or 0 when x is
-    read from global memory (bf16 rows, tuning.quant_x_smem off, or a row too long to fit)."""
-    if not is_quant(w) or not tuning.quant_x_smem:
+    """Shared memory for a block's copy of x: int8 with tuning.quant_int8_x, else one padded row of
+    float4s per chunk, or 0 when x is read from global memory (bf16 rows, tuning.quant_x_smem off, or a
+    row too long to fit)."""
+    if not is_quant(w):
+        return 0
+    if tuning.quant_int8_x:
+        return xq_bytes(k)
+    if not tuning.quant_x_smem:
         return 0
     chunk = fmt_of(w.fmt).chunk
     nbytes = k // chunk * (chunk // 4 + 1) * 16
@@ -133,17 +170,48 @@ def _launch_shape(w, units: int, k: int, tuning: GemvTuning, splitk: int | None,
     return s, min_blocks, grid, x_smem_bytes(w, k, tuning)
 
 
-def _quant_module(source: str, rows: int, **defines):
-    """The module for these defines; a block format whose ROWS rows per warp do not fit the register
-    cap without local memory (ptxas decides per shape) takes 2 rows per warp instead."""
+def _own_shape(w, k: int, tuning: GemvTuning) -> GemvTuning:
+    """The block formats' warps per block and register cap (for rows of k weights) in place of the
+    bf16 kernels' warps."""
+    if not is_quant(w):
+        return tuning
+    short = k <= SHORT_ROW
+    return replace(tuning, warps=tuning.quant_short_warps if short else tuning.quant_warps,
+                   quant_min_blocks=tuning.quant_short_min_blocks if short else tuning.quant_min_blocks)
+
+
+def _quant_defines(w, tuning: GemvTuning, smem: int) -> dict:
+    """How a block format reads x: int8 (XQ) or fp32 from shared memory (X_SMEM)."""
+    if not is_quant(w):
+        return {"X_SMEM": 0}
+    return {"XQ": 1} if tuning.quant_int8_x else {"X_SMEM": int(smem > 0)}
+
+
+def _unroll(w, rows: int, tuning: GemvTuning) -> int:
+    """Chunk loads per row and batch (0: the kernel's own choice)."""
+    if not is_quant(w):
+        return 0
+    if tuning.quant_unroll or not tuning.quant_int8_x:
+        return tuning.quant_unroll
+    return max(1, 8 // rows)
+
+
+def _quant_module(source: str, rows: int, unroll: int, **defines):
+    """(module, rows) for these defines. A block format whose ROWS rows and UNROLL loads per warp do not
+    fit the register cap without local memory (ptxas decides per shape) takes one load per batch fewer
+    at a time, then 2 rows per warp."""
     from kernels.compiler import KernelCompileError
 
-    try:
-        return module(source, ROWS=rows, **defines), rows
-    except KernelCompileError as e:
-        if rows <= 2 or "local memory" not in str(e):
-            raise
-        return module(source, ROWS=2, **defines), 2
+    tries = [(rows, u) for u in range(unroll, 0, -1)] or [(rows, 0)]
+    if rows > 2:
+        tries.append((2, unroll))
+    for i, (r, u) in enumerate(tries):
+        try:
+            return module(source, ROWS=r, **({"UNROLL": u} if u else {}), **defines), r
+        except KernelCompileError as e:
+            if i + 1 == len(tries) or "local memory" not in str(e):
+                raise
+    raise AssertionError("unreachable")
 
 
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = EPI_STORE, eps: float = 0.0,
@@ -156,6 +224,7 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
     rows: rows per warp (default rows_per_unit; pair asks bf16 for two). blocks caps the grid.
     minb overrides the tuning's register cap (blocks per SM).
     """
+    tuning = _own_shape(w, k, tuning)
     if minb is not None:
         tuning = replace(tuning, min_blocks=minb, quant_min_blocks=minb)
     epi = Epilogue(epi)
@@ -169,9 +238,11 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
         per_unit = rows // 2 if epi == EPI_SILU else rows
         units = math.ceil(n_out / per_unit)
         s, min_blocks, grid, smem = _launch_shape(w, units, k, tuning, splitk, blocks)
-        mod, got = _quant_module(source, rows, K=k, EPILOGUE=epi.define, NORM=int(gamma is not None),
+        mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=epi.define,
+                                 NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks,
-                                 ARGMAX=int(amax is not None), WARPS=tuning.warps, X_SMEM=int(smem > 0))
+                                 ARGMAX=int(amax is not None), WARPS=tuning.warps,
+                                 **_quant_defines(w, tuning, smem))
         if got == rows:
             break
         rows = got  # fewer rows per warp: the grid and split follow
@@ -191,6 +262,7 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
     position and v; k and v also go to the cache row min(pos, max_ctx - 1) as bf16.
     """
     heads = nh + 2 * nkv - head0 if heads is None else heads
+    tuning = _own_shape(w, k, tuning)
     n_pairs = heads * hd // 2
     rows = rows_per_unit(w, n_pairs, k, Epilogue.ROPE, tuning, False)
     if (hd // 2) % (rows // 2):
@@ -198,9 +270,10 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
     source, suffix, _ = _source(w)
     for _ in range(2):
         s, min_blocks, grid, smem = _launch_shape(w, n_pairs // (rows // 2), k, tuning, splitk, blocks)
-        mod, got = _quant_module(source, rows, K=k, EPILOGUE=Epilogue.ROPE.define, NORM=int(gamma is not None),
+        mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=Epilogue.ROPE.define,
+                                 NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks, HEAD_DIM=hd,
-                                 WARPS=tuning.warps, X_SMEM=int(smem > 0))
+                                 WARPS=tuning.warps, **_quant_defines(w, tuning, smem))
         if got == rows:
             break
         rows = got

@@ -11,10 +11,20 @@ class GemvTuning:
     min_blocks: int = 4  # blocks per SM the register cap allows (warps * min_blocks resident warps)
     rows: int = 4  # rows per warp for many short rows (a small model's lm_head)
     waves: int = 1  # grid = waves blocks per resident slot, rows striding over it; 0: one block per row group
-    quant_rows: int = 4  # rows per warp of the block-format GEMVs (each x load serves them all)
-    quant_min_blocks: int = 3  # their register cap: 168 (the unpacking needs more than bf16's 128)
-    quant_x_smem: bool = True  # their blocks copy x (times gamma) to shared memory once, for unit-stride reads
+    quant_rows: int = 2  # rows per warp of the block-format GEMVs (each x load serves them all)
+    quant_warps: int = 16  # their warps per block: one block per SM stages x once for 16 warps
+    quant_min_blocks: int = 1  # their register cap: 128
+    quant_short_rows: int = 4  # rows of at most 1024 weights: more rows keep as many bytes in flight
+    quant_short_warps: int = 8  # ... and smaller blocks, a finer grid for their smaller matrices
+    quant_short_min_blocks: int = 2
+    quant_x_smem: bool = True  # fp32 x: blocks copy x (times gamma) to shared memory once, for unit-stride reads
+    quant_int8_x: bool = True  # x quantized to int8 per 32 (ggml's q8_1), dot products by dp4a; else fp32 x
+    quant_unroll: int = 0  # chunk loads per row and batch; 0: 8 / rows with int8 x (fp32 x: what 32 registers hold)
 
+
+# the fp32-x block-format GEMVs in the shape they were tuned in (their unpacking needs 168 registers)
+FP32_X = GemvTuning(quant_int8_x=False, quant_rows=4, quant_warps=4, quant_min_blocks=3, quant_short_rows=4,
+                    quant_short_warps=4, quant_short_min_blocks=3)
 
 @dataclass(frozen=True)
 class AttnTuning:

@@ -53,18 +53,28 @@ class GemvCase:
     multiply by); outputs start as NaN unless the epilogue reads them. EPI_STORE also checks the argmax
     word unless argmax is False."""
 
-    def __init__(self, rng, wf, n_out: int, epi, norm: bool, bias: bool, eps: float = 1e-5, argmax: bool = True):
+    def __init__(self, rng, wf, n_out: int, epi, norm: bool, bias: bool, eps: float = 1e-5, argmax: bool = True,
+                 xq: bool = False):
         rows, k = wf.shape
-        self.wf, self.n_out, self.epi, self.eps, self.argmax = wf, n_out, epi, eps, argmax
+        self.wf, self.n_out, self.epi, self.eps, self.argmax, self.xq = wf, n_out, epi, eps, argmax, xq
         # with the fused RMSNorm, a mean square near 2 eps: dropping eps (or scaling it) shows
         self.x = (rng.standard_normal(k) * (np.sqrt(2 * eps) if norm else 3)).astype(np.float32)
         self.g = (0.5 + rng.random(k)).astype(np.float32) if norm else None
         self.b = rng.standard_normal(rows).astype(np.float32) if bias else None
         self.y0 = rng.standard_normal(n_out).astype(np.float32)
 
-    def ref(self):
-        xin = rms(self.x, self.g, self.eps) if self.g is not None else self.x.astype(np.float64)
-        return epilogue_ref(self.wf.astype(np.float64) @ xin, self.epi, self.n_out, self.y0, self.b)
+    def xin(self, xq: bool | None = None):
+        """The x the rows are multiplied by (float64): normalized with gamma; xq (default: the case's) rounds
+        x times gamma to int8 per 32 as the block-format GEMVs do, and applies 1/rms after."""
+        if not (self.xq if xq is None else xq):
+            return rms(self.x, self.g, self.eps) if self.g is not None else self.x.astype(np.float64)
+        from kernels.gemv_ops import dequantize_x, quantize_x
+
+        xh = dequantize_x(*quantize_x(self.x * self.g if self.g is not None else self.x))
+        return xh if self.g is None else xh / np.sqrt(np.mean(self.x.astype(np.float64) ** 2) + self.eps)
+
+    def ref(self, xq: bool | None = None):
+        return epilogue_ref(self.wf.astype(np.float64) @ self.xin(xq), self.epi, self.n_out, self.y0, self.b)
 
     def device(self, cp):
         """(x, gamma, bias, y, amax) on the device; y poisoned unless the epilogue reads it."""
