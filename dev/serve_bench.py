@@ -214,7 +214,8 @@ def main():
               + " ".join(f"{t['ttft_ms']:.1f}" for t in turns))
         print("cached prompt tokens per turn: " + " ".join(str(t["cached"]) for t in turns))
         served = [float(m) for m in re.findall(r"ttft ([0-9.]+) ms", log_path.read_text())][-CHAT_TURNS:]
-        print("  of which in the server, from its handler to the first token (ms): " + " ".join(f"{v:.1f}" for v in served))
+        print("  of which in the server, from its handler to the first token (ms): "
+              + " ".join(f"{v:.1f}" for v in served))
         chat = base["chat"]
         print("the same chat without HTTP: render+tokenize ms " + " ".join(f"{r[0]:.1f}" for r in chat))
         print("  ids to first token ms " + " ".join(f"{r[1]:.1f}" for r in chat))
