@@ -143,7 +143,13 @@ __device__ __forceinline__ float stage_xq(const float4* __restrict__ x4, const f
                            fmaxf(fmaxf(fabsf(b.x), fabsf(b.y)), fmaxf(fabsf(b.z), fabsf(b.w))));
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        const float d = __fdiv_rn(amax, 127.0f);
+        // fmaxf drops a NaN and rint of Inf * 0 is 0: nan is 0 for a finite block and NaN otherwise, and
+        // d + nan carries it into every dot product with the block (d itself is unchanged, bit for bit)
+        float nan = ((a.x - a.x) + (a.y - a.y)) + ((a.z - a.z) + (a.w - a.w)) + ((b.x - b.x) + (b.y - b.y)) +
+                    ((b.z - b.z) + (b.w - b.w));
+        nan += __shfl_xor_sync(0xffffffffu, nan, 1);
+        nan += __shfl_xor_sync(0xffffffffu, nan, 2);
+        const float d = __fdiv_rn(amax, 127.0f) + nan;
         const float id = d > 0.f ? __frcp_rn(d) : 0.f;
         const int q0 = __float2int_rn(a.x * id), q1 = __float2int_rn(a.y * id), q2 = __float2int_rn(a.z * id),
                   q3 = __float2int_rn(a.w * id), q4 = __float2int_rn(b.x * id), q5 = __float2int_rn(b.y * id),

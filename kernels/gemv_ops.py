@@ -118,16 +118,20 @@ def quantize_x(x):
 
     As ggml's q8_1: d = amax / 127; q = rint(x * (1 / d)), ties to even (ggml's CUDA rounds them away
     from zero; a tie needs x / d to land exactly on a half, which 1 / d's rounding makes rare either
-    way); every step in float32 round-to-nearest; q = 0 where the block is all zeros.
+    way); every step in float32 round-to-nearest; q = 0 where the block is all zeros. A block holding a
+    NaN or an Inf gets d = NaN and q = 0, so every product with it is NaN.
     """
     import numpy as np
 
     x = np.asarray(x, np.float32)
     b = x.reshape(*x.shape[:-1], -1, 32)
-    d = np.abs(b).max(axis=-1) / np.float32(127)
+    with np.errstate(invalid="ignore"):
+        d = np.where(np.isfinite(b).all(axis=-1), np.abs(b).max(axis=-1) / np.float32(127), np.float32(np.nan))
     inv = np.zeros_like(d)
     np.divide(np.float32(1), d, out=inv, where=d > 0)
-    q = np.rint(b * inv[..., None])
+    finite = np.isfinite(d)[..., None]
+    with np.errstate(invalid="ignore"):
+        q = np.where(finite, np.rint(np.where(finite, b, 0) * inv[..., None]), 0)
     return q.astype(np.int8).reshape(x.shape), d
 
 

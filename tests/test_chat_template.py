@@ -80,6 +80,55 @@ def test_tokenizer_passes_its_bounds(tmp_path):
     assert time.monotonic() - t0 < 3
 
 
+def test_time_bound_never_lands_outside_its_render():
+    """Deadlines that fall just before, during and just after a render's end: each render either
+    returns its text or raises the one-line error, and nothing fires in the code that runs after it."""
+    t = ChatTemplate("{% for i in range(200) %}{{ m[i % 3] }}{% endfor %}", "t")  # m[...] looks at the clock
+    full = t.render(m="abc")
+    took = min(_timed(lambda: t.render(m="abc")) for _ in range(5))
+    outcomes = set()
+    for i in range(300):
+        try:
+            outcomes.add(t.render(seconds=took * (0.2 + 1.6 * i / 300), m="abc") == full)
+        except GDecodeError as e:
+            assert "longer than" in str(e)
+            outcomes.add("stopped")
+        total = 0
+        for k in range(20000):  # plenty of bytecode boundaries where a stray raise would land
+            total += k
+        assert total == 199990000
+    assert "stopped" in outcomes and True in outcomes
+
+
+def test_a_runaway_render_does_not_stop_another_thread():
+    import threading
+    results = {}
+
+    def hostile():
+        try:
+            ChatTemplate(HOSTILE["nested loops"], "t").render(seconds=0.3)
+        except GDecodeError as e:
+            results["hostile"] = str(e)
+
+    def ordinary():
+        t = ChatTemplate("{% for m in messages %}{{ m['content'] }}{% endfor %}", "t")
+        results["ordinary"] = [t.render(seconds=5, messages=[{"content": "a"}] * 50) for _ in range(200)]
+
+    threads = [threading.Thread(target=hostile), threading.Thread(target=ordinary)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    assert "longer than 0.3 s" in results["hostile"]
+    assert results["ordinary"] == ["a" * 50] * 200
+
+
+def _timed(f):
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
 class _Recorder:
     """The tokenizers object with every encoded text's length written down."""
 

@@ -49,6 +49,20 @@ def test_scaled_block_keeps_its_integers():
     assert np.array_equal(dequantize_x(q, d), x.astype(np.float64))
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_value_makes_its_block_nan_and_leaves_the_others(bad):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(32 * 4).astype(np.float32)
+    clean_q, clean_d = quantize_x(x)
+    x[32 + 17] = bad
+    with np.errstate(all="raise"):  # and no numpy warning on the way
+        q, d = quantize_x(x)
+    assert np.isnan(d[1]) and not q[32:64].any()
+    assert np.array_equal(np.delete(d, 1), np.delete(clean_d, 1))
+    assert np.array_equal(np.delete(q, np.s_[32:64]), np.delete(clean_q, np.s_[32:64]))
+    assert np.isnan(dequantize_x(q, d)[32:64]).all()  # every product with the block is NaN
+
+
 @pytest.mark.parametrize("k", [32, 96, 4096, 14336])
 def test_shared_memory_of_int8_x(k):
     assert xq_bytes(k) == k + k // 32 * 8

@@ -122,6 +122,24 @@ def test_int8_x_error_is_the_rounding_of_x(cp, rng, fmt):
     assert 0.8 * want < got < 1.2 * want
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_non_finite_x_reaches_every_row(cp, rng, fmt, bad):
+    """int8 x scales a block of 32 by its largest magnitude, which a max that skips NaN, or an Inf that
+    rounds every other value to 0, would leave finite: o_proj and down (no norm before them) would then
+    hide a NaN from attention. Every row sums over the bad value's block, so every row must come out
+    non-finite, the finite poison in y included (EPI_ADD adds to it)."""
+    from kernels.gemv_ops import gemv
+
+    k, n_out = awkward_k(fmt), 299
+    w, _ = quant(cp, fmt, n_out, k, seed=9)
+    x = rng.standard_normal(k).astype(np.float32)
+    x[int(rng.integers(k))] = bad
+    y = cp.full(n_out, 0.5, cp.float32)
+    run_launches(cp, gemv(w, cp.asarray(x), y, n_out, k, epi=EPI_ADD))
+    assert not np.isfinite(y.get()).any()
+
+
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q8_0", "q3_k", "q5_1"])
 @pytest.mark.parametrize("rows,splitk,blocks,mode", [(2, 4, None, "int8"), (4, 1, 3, "int8"), (1, 2, 5, "int8"),
                                                      (4, None, None, "int8 unroll 3"), (2, 2, 3, "int8 unroll 5"),
