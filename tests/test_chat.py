@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import platform
 import re
 import select
 import subprocess
@@ -68,6 +69,9 @@ def test_system_needs_chat_in_generate(tiny):
     assert r.returncode != 0 and r.stderr.strip() == "error: --system needs --chat"
 
 
+_WAITING = {"x86_64": ("7", "23", "270", "271"), "aarch64": ("72", "73")}  # poll, select, pselect6, ppoll
+
+
 class Terminal:
     """The chat on a pseudo-terminal that is its controlling terminal, so ^C and ^D act as they do for a user."""
 
@@ -98,6 +102,27 @@ class Terminal:
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())
 
+    def wait_for_input(self, timeout: float = 30.0) -> None:
+        """Wait until the chat's main thread blocks in readline's select(). CPython's readline looks for
+        a pending Ctrl-C only when select() is interrupted, so a SIGINT that lands between the prompt's
+        write and select() waits for the next keystroke: a window of microseconds for a person, but one
+        that a test typing the moment the prompt shows, on a busy machine, hits every time."""
+        path = f"/proc/{self.proc.pid}/task/{self.proc.pid}/syscall"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(path) as f:
+                    nr = f.read().split()[0]
+            except (OSError, IndexError):  # no /proc here: a pause has to do
+                nr = None
+            if nr is None or platform.machine() not in _WAITING:
+                time.sleep(0.5)
+                return
+            if nr in _WAITING[platform.machine()]:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"the chat never waited for input:\n{self.screen}")
+
     def close(self):
         if self.proc.poll() is None:
             self.proc.kill()
@@ -120,6 +145,7 @@ def test_ctrl_c_stops_a_reply_and_ctrl_d_leaves(tmp_path):
         first = STATS.findall(t.screen)[0]
         assert int(first[2]) < 3000
         t.read_until(r"> $")
+        t.wait_for_input()
         t.type("\x03")  # at the prompt: a fresh prompt, not an exit
         t.read_until(r"> (\^C)?\r?\n> $")  # the terminal may echo ^C, depending on who reads it
         t.type("Go on\r")
