@@ -79,6 +79,21 @@ struct XLoader {
     }
 };
 
+// after staging: a barrier (what the threads staged is then visible to all), and with NORM 1/rms of x
+// from each thread's partial sum of squares ss (else 1)
+__device__ __forceinline__ float rms_inv(float ss, float eps, float* part) {
+    if (NORM) {
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    }
+    __syncthreads();
+    if (!NORM) return 1.0f;
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) total += part[w];
+    return 1.0f / sqrtf(total / (float)K + eps);
+}
+
 // X_SMEM: x (times gamma) into xs, padded per chunk; returns 1/rms of x with NORM (else 1)
 __device__ __forceinline__ float stage_x(const float4* __restrict__ x4, const float4* __restrict__ g4, float eps,
                                          float4* xs) {
@@ -93,16 +108,7 @@ __device__ __forceinline__ float stage_x(const float4* __restrict__ x4, const fl
         }
         xs[f + f / X_ROW] = v;
     }
-    if (NORM) {
-        ss = warp_sum(ss);
-        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    }
-    __syncthreads();
-    if (!NORM) return 1.0f;
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) total += part[w];
-    return 1.0f / sqrtf(total / (float)K + eps);
+    return rms_inv(ss, eps, part);
 }
 
 // XQ: x (times gamma) quantized into shared memory as ggml's q8_1, per block of 32 values: d = amax / 127,
@@ -167,16 +173,7 @@ __device__ __forceinline__ float stage_xq(const float4* __restrict__ x4, const f
                     make_uint2(__float_as_uint(d), ((unsigned)sq & 0xffffu) | ((unsigned)other << 16));
         }
     }
-    if (NORM) {
-        ss = warp_sum(ss);
-        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    }
-    __syncthreads();
-    if (!NORM) return 1.0f;
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) total += part[w];
-    return 1.0f / sqrtf(total / (float)K + eps);
+    return rms_inv(ss, eps, part);
 }
 #endif
 
