@@ -1,11 +1,13 @@
 """A/B of decode tunings in one process: tok/s per variant and depth, against the same copy bandwidth.
 
-PYTHONPATH=. python3 dev/decode_ab.py [--profile] [shape ...]
+PYTHONPATH=. python3 dev/decode_ab.py [--profile] [--quant FORMAT] [shape ...]
 
 Each variant is a Tuning; the step is rebuilt and captured again over the same weights and cache
 (the buffers' split count stays the backend's, so variants differ in everything but splits). --profile
 also prints, for each variant at each depth, the marginal cost of every launch kind inside the graph:
 the step's replay time minus the replay time of the step without that kind (PDL overlap included).
+--quant makes the random weights in a block format (as `gdecode bench --quant`, e.g. q4_k_m) and runs
+QUANT_VARIANTS, the block-format GEMVs' tunings, in place of VARIANTS, at depth 0.
 """
 
 from __future__ import annotations
@@ -19,12 +21,17 @@ from engine.shapes import shape as named_shape
 from graphs.decode import DecodeStep, Launches, step_launches
 from graphs.graph import capture
 from kernels.bandwidth import copy_bandwidth
-from kernels.tuning import AttnTuning, Tuning
+from kernels.tuning import AttnTuning, GemvTuning, Tuning
 
 VARIANTS = {
     "default": Tuning(),
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
     "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
+}
+QUANT_VARIANTS = {
+    "default": Tuning(),
+    "few rows 2": Tuning(gemv=GemvTuning(quant_few_rows=2)),
+    "units 24": Tuning(gemv=GemvTuning(quant_units_per_sm=24)),
 }
 PLAN = {
     "llama3-8b": [0, 8192, 32768],
@@ -64,21 +71,24 @@ def profile(backend, tuning: Tuning, depth: int) -> str:
 
 def main(argv):
     do_profile = "--profile" in argv
+    quant = argv[argv.index("--quant") + 1] if "--quant" in argv else "bf16"
+    argv = [a for i, a in enumerate(argv) if a != quant or i == 0 or argv[i - 1] != "--quant"]
+    variants = VARIANTS if quant == "bf16" else QUANT_VARIANTS
     shapes = [a for a in argv if not a.startswith("--")] or list(PLAN)
     copy_gbs = copy_bandwidth(4 << 30, 10)
     print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
     for name in shapes:
-        depths = PLAN[name]
+        depths = PLAN[name] if quant == "bf16" else [0]
         cfg = named_shape(name)
         need = max(depths) + B.TG_TOKENS + B.WARMUP + 1
-        backend = CudaBackend(cfg, None, max_context=need)
+        backend = CudaBackend(cfg, None, max_context=need, random_quant=quant)
         B.fill_cache(backend)
         for d in depths:
             B.fill_depth(backend, d)
-            for v, tuning in VARIANTS.items():
+            for v, tuning in variants.items():
                 backend.step = DecodeStep(cfg, backend.weights, backend.bufs, backend.stream, tuning)
                 r = B.bench_tg(backend, d, 5, True, copy_gbs)
-                print(f"{name} d={d:<6} {v:<12} {r.tok_s:8.1f} tok/s {r.ms_per_token:.4f} ms "
+                print(f"{name} {quant} d={d:<6} {v:<12} {r.tok_s:8.1f} tok/s {r.ms_per_token:.4f} ms "
                       f"{r.pct_copy:5.1f}% copy", flush=True)
                 if do_profile:
                     print("   " + profile(backend, tuning, d), flush=True)

@@ -4,7 +4,9 @@ PYTHONPATH=. python3 dev/quant_gemv_sweep.py [--quick] [matrix-name-prefix ...]
 
 Every (matrix, tuning) kernel is compiled first in a pool of processes (NVRTC only, no GPU), then
 each GEMV is captured 20 times into one graph (PDL on, as in the step) and replayed; the median per
-launch and the GB/s over the bytes the matrix holds are printed, fastest first.
+launch and the GB/s over the bytes the matrix holds are printed, fastest first. The 20 launches cycle
+over copies of the matrix that together exceed the L2 cache (160 MB at least), so that every launch
+streams from device memory, as in a step.
 """
 
 from __future__ import annotations
@@ -66,8 +68,16 @@ VARIANTS = [
     ("short r2", T(quant_short_rows=2), None),
     ("s2", T(), 2),
     ("w4m4", T(quant_warps=4, quant_min_blocks=4), None),
+    ("s4", T(), 4),
+    ("r1", T(quant_rows=1), None),
+    ("r1 s2", T(quant_rows=1), 2),
+    ("few r2", T(quant_few_rows=2), None),
+    ("w8m2 s2", T(quant_warps=8, quant_min_blocks=2), 2),
+    ("u6", T(quant_unroll=6), None),
+    ("r1 u8 s2", T(quant_rows=1, quant_unroll=8), 2),
 ]
 QUICK = {"default", "f32 r4w4m3", "w8m2"}
+ROTATE_BYTES = 160e6
 
 
 def build(m: Mat, tuning: GemvTuning, splitk, w, x, g, y, amax):
@@ -124,6 +134,7 @@ def main(argv):
     rng = cp.random.default_rng(0)
     for m in mats:
         w = random_quant(m.fmt, m.rows, m.k, seed=1)
+        copies = [w] + [random_quant(m.fmt, m.rows, m.k, seed=2 + i) for i in range(int(ROTATE_BYTES // w.nbytes))]
         x = rng.standard_normal(m.k, dtype=cp.float32)
         g = (0.5 + rng.random(m.k, dtype=cp.float32)).astype(cp.float32)
         y = cp.zeros(m.n_out, cp.float32)
@@ -132,8 +143,9 @@ def main(argv):
         for label, tuning, splitk in VARIANTS:
             if label not in labels or (m.name, label) in bad:
                 continue
-            launch = build(m, tuning, splitk, w, x, g, y, amax)
-            graph = capture(s, [launch] * 20)
+            launches = [build(m, tuning, splitk, c, x, g, y, amax) for c in copies]
+            launch = launches[0]
+            graph = capture(s, [launches[i % len(launches)] for i in range(20)])
             times = []
             start, end = cp.cuda.Event(), cp.cuda.Event()
             for _ in range(6):
@@ -147,7 +159,7 @@ def main(argv):
         print(f"{m.name} {m.rows}x{m.k} {w.nbytes / 1e6:.1f} MB", flush=True)
         for us, label, grid, gbs in sorted(rows):
             print(f"   {label:<14} {us:8.2f} us {gbs:7.0f} GB/s grid {grid}", flush=True)
-        del w
+        del w, copies
 
 
 if __name__ == "__main__":

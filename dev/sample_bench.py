@@ -1,13 +1,15 @@
 """Time the sampler kernel alone, per configuration, at the vocabularies of the bench shapes.
 
-    python3 dev/sample_bench.py [--launches N] [--prev]
+    python3 dev/sample_bench.py [--launches N] [--prev] [--one-level]
 
 Each configuration: N launches back to back (no graph, no PDL) on flat random logits (every token a
 candidate), microseconds per launch from CUDA events; then one launch of the PROFILE_AT build, whose block
 0 leaves clock64 and globaltimer at its phase boundaries: start, Gumbel scores done, warp records, block
 records, the overall records released by the merging block, loaded, counts added; and the finishing block's
 end.
---prev also times kernels/sample_prev.cu (an older kernel with the same arguments) when it is there.
+--prev also times kernels/sample_prev.cu (an older kernel with the same arguments) when it is there;
+--one-level also times the kernel whose final merge is one warp over every block's list (MERGE_GROUPS=1)
+against the default two levels (16 warps over a few lists each, then one warp over their 16 lists).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ PHASES = ("scores", "warp recs", "block recs", "merged", "recs in", "counts", "e
 MARKS = 2 * (len(PHASES) + 1)
 
 
-def run(cp, source: str, vocab: int, params: SamplingParams, launches: int, profile: bool):
+def run(cp, source: str, vocab: int, params: SamplingParams, launches: int, profile: bool, **extra):
     from kernels import ops
 
     grid, per = ops.sample_shape(vocab, ops.sm_count())
@@ -34,7 +36,7 @@ def run(cp, source: str, vocab: int, params: SamplingParams, launches: int, prof
     # the older kernel keeps no overall records in its scratch
     layout = words - 2 * ops.SAMPLE_MAX_RECORDS if source == "sample_prev" else words
     defines = dict(BLOCK=ops.SAMPLE_BLOCK, PER_THREAD=per, BLOCKS=grid, MAX_RECORDS=ops.SAMPLE_MAX_RECORDS,
-                   MAX_LOGPROBS=ops.SAMPLE_MAX_LOGPROBS, LP_WORDS=ops.SAMPLE_LP_WORDS, WORK_WORDS=layout)
+                   MAX_LOGPROBS=ops.SAMPLE_MAX_LOGPROBS, LP_WORDS=ops.SAMPLE_LP_WORDS, WORK_WORDS=layout, **extra)
     if profile:
         defines["PROFILE_AT"] = words
     max_ctx = launches + 16
@@ -74,16 +76,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launches", type=int, default=400)
     ap.add_argument("--prev", action="store_true")
+    ap.add_argument("--one-level", action="store_true")
     a = ap.parse_args()
     import cupy as cp
 
     from kernels.cuda import init
 
     init()
-    sources = ["sample"] + (["sample_prev"] if a.prev and Path("kernels/sample_prev.cu").exists() else [])
+    sources = [("sample", {})] + ([("sample_prev", {})] if a.prev and Path("kernels/sample_prev.cu").exists() else [])
+    if a.one_level:
+        sources.append(("sample", {"MERGE_GROUPS": 1}))
     for vocab in (128256, 151936):
         for name, params in CONFIGS.items():
-            times = "  ".join(f"{src} {run(cp, src, vocab, params, a.launches, False):6.1f} us" for src in sources)
+            times = "  ".join(f"{src}{'/1' if ex else ''} {run(cp, src, vocab, params, a.launches, False, **ex):6.1f}"
+                              " us" for src, ex in sources)
             marks = run(cp, "sample", vocab, params, a.launches, True)
             clk, ns = marks[:, 0].astype(np.int64), marks[:, 1].astype(np.int64)
             steps = "  ".join(f"{p} {clk[k + 1] - clk[k]:>6}" if clk[k + 1] and clk[k] else f"{p} -"

@@ -35,7 +35,6 @@ class Epilogue(enum.IntEnum):
 EPI_STORE, EPI_ADD, EPI_SILU, EPI_GATE = Epilogue.STORE, Epilogue.ADD, Epilogue.SILU, Epilogue.GATE
 SHORT_ROW = 1024  # bf16 rows at most this long, and many of them: ROWS rows per warp
 WARP_TARGET = 48  # rows (bf16) in flight per SM that the split over K aims for
-QUANT_UNITS_PER_SM = 12  # units (ROWS rows each) in flight per SM that the split over K aims for
 ENCODE_BLOCK = 128  # threads per block of the quantize / dequantize kernels
 SMEM_PER_SM = 220 * 1024  # shared memory the x copies of one SM's resident blocks may take
 GEMV_WARPS = GemvTuning().warps
@@ -83,7 +82,7 @@ def split_k(units: int, chunks: int, quant: bool, tuning: GemvTuning) -> int:
     """Warps per unit: enough warps to keep every SM streaming, each with enough loads per unit."""
     s = 1
     if quant:
-        while s < tuning.warps and units * s < QUANT_UNITS_PER_SM * sm_count() and chunks // (64 * s) >= 1:
+        while s < tuning.warps and units * s < tuning.quant_units_per_sm * sm_count() and chunks // (64 * s) >= 1:
             s *= 2
     else:
         while s < tuning.warps and units * s < WARP_TARGET * sm_count() and chunks // (64 * s) >= 4:
@@ -94,7 +93,11 @@ def split_k(units: int, chunks: int, quant: bool, tuning: GemvTuning) -> int:
 def rows_per_unit(w, n_out: int, k: int, epi: Epilogue, tuning: GemvTuning, pair: bool) -> int:
     """Rows one warp streams together, sharing each x load."""
     if is_quant(w):
-        return tuning.quant_rows if k > SHORT_ROW else tuning.quant_short_rows
+        if k <= SHORT_ROW:
+            return tuning.quant_short_rows
+        slots = tuning.warps * tuning.quant_min_blocks * sm_count()
+        few = math.ceil(n_out / tuning.quant_rows) <= slots and fmt_of(w.fmt).bits_per_weight() < 8
+        return tuning.quant_few_rows if few and epi in (EPI_STORE, EPI_ADD, EPI_GATE) else tuning.quant_rows
     if epi in (EPI_SILU, Epilogue.ROPE):
         return 2
     if epi == EPI_STORE and k <= SHORT_ROW and n_out >= 8 * WARP_TARGET * sm_count():

@@ -18,6 +18,9 @@
 #define POOL_PER 6                  // gathered entries per thread in the merges
 #define POOL (POOL_PER * BLOCK)
 #define PRELOAD 16                  // entries of each block's records gathered at once in the final merge
+#ifndef MERGE_GROUPS
+#define MERGE_GROUPS BLOCK_WARPS    // warps that merge the blocks' lists in the final merge's first level
+#endif
 #define CUT 24.0f                   // engine/sampling.py CUT
 #define MASS_FLOOR (-28.0f)         // engine/sampling.py MASS_FLOOR
 #define MASS_SCALE 0x1p40f          // 2^MASS_BITS
@@ -43,6 +46,7 @@
 static_assert(W_BLOCKS + BLOCKS * BLOCK_WORDS == WORK_WORDS, "ops.sample_work_words disagrees with the layout");
 static_assert(BLOCKS * MAX_LOGPROBS <= POOL, "the top-n merge gathers every block's list");
 static_assert(2 * MAX_RECORDS < BLOCK && PRELOAD <= MAX_RECORDS, "the overall records come in one wave");
+static_assert(MERGE_GROUPS >= 1 && MERGE_GROUPS <= BLOCK_WARPS, "a warp per group of block lists");
 static_assert(3 + 2 * MAX_LOGPROBS <= LP_WORDS, "a log-probability slot holds the token, its logprob, n and the top n");
 
 __device__ __forceinline__ float rng_u(unsigned long long seed, unsigned long long step, unsigned long long i) {
@@ -157,12 +161,13 @@ __device__ __forceinline__ int warp_records(const unsigned (&zk)[N], const unsig
     return n;
 }
 
-// one warp: the records over the union of LISTS record lists (list b: len[b] entries, entry(b, j, k, z),
-// zk ascending and so rk descending). Lane l walks lists l, l + 32, ...: the best entry of a list above
-// `low` is its first one above it, so a lane keeps each list's head and moves it only past `low`.
-// Output as warp_records.
-template <int LISTS, class Entry>
-__device__ __forceinline__ int merge_records(const int* len, Entry entry, unsigned long long* out_k, unsigned* out_z) {
+// one warp: the records over the union of LISTS record lists (list b:
+// zk ascending and so rk descending; len(b) entries, entry(b, j, k, z)). Lane l walks lists l, l + 32, ...:
+// the best entry of a list above `low` is its first one above it, so a lane keeps each list's head and
+// moves it only past `low`. Output as warp_records.
+template <int LISTS, class Len, class Entry>
+__device__ __forceinline__ int merge_records(Len len, Entry entry, unsigned long long* out_k, unsigned* out_z,
+                                             int stride) {
     constexpr int T = (LISTS + 31) / 32;
     const int lane = threadIdx.x & 31;
     int at[T], cnt[T];
@@ -171,7 +176,7 @@ __device__ __forceinline__ int merge_records(const int* len, Entry entry, unsign
 #pragma unroll
     for (int t = 0; t < T; ++t) {
         at[t] = 0;
-        cnt[t] = lane + 32 * t < LISTS ? len[lane + 32 * t] : 0;
+        cnt[t] = lane + 32 * t < LISTS ? len(lane + 32 * t) : 0;
         hk[t] = 0;
         hz[t] = 0;
         if (cnt[t] > 0) entry(lane + 32 * t, 0, hk[t], hz[t]);
@@ -194,12 +199,49 @@ __device__ __forceinline__ int merge_records(const int* len, Entry entry, unsign
         k = warp_best(k, z);
         if (k == 0) break;
         if (lane == 0) {
-            out_k[n] = k;
-            out_z[n] = z;
+            out_k[n * stride] = k;
+            out_z[n * stride] = z;
         }
         low = z;
     }
     return n;
+}
+
+// warp 0: the records over LISTS per-warp lists (list b: n[b] entries k[j][b], z[j][b]) into out_k / out_z
+template <int LISTS>
+__device__ __forceinline__ int merge_warp_lists(const int* n, const unsigned long long (*k)[BLOCK_WARPS],
+                                                const unsigned (*z)[BLOCK_WARPS], unsigned long long* out_k,
+                                                unsigned* out_z) {
+    return merge_records<LISTS>([=](int b) { return n[b]; }, [=](int b, int j, unsigned long long& kk, unsigned& zz) {
+        kk = k[j][b];
+        zz = z[j][b];
+    }, out_k, out_z, 1);
+}
+
+// warp g of the merging block: the records over the lists of blocks g, g + MERGE_GROUPS, ... (count pool_n[b],
+// the first PRELOAD entries in pool_k / pool_z, with LONGER the rest in the scratch) into column g of
+// group_k / group_z, or into out_k / out_z when there is one group
+template <bool LONGER>
+__device__ __forceinline__ int merge_group(const int* pool_n, const unsigned long long (*pool_k)[BLOCKS],
+                                           const unsigned (*pool_z)[BLOCKS], const unsigned long long* work,
+                                           unsigned long long* out_k, unsigned* out_z,
+                                           unsigned long long (*group_k)[BLOCK_WARPS], unsigned (*group_z)[BLOCK_WARPS]) {
+    const int g = threadIdx.x >> 5;
+    return merge_records<(BLOCKS + MERGE_GROUPS - 1) / MERGE_GROUPS>(
+        [=](int l) { return g + MERGE_GROUPS * l < BLOCKS ? pool_n[g + MERGE_GROUPS * l] : 0; },
+        [=](int l, int j, unsigned long long& k, unsigned& z) {
+            const int b = g + MERGE_GROUPS * l;
+            if (!LONGER || j < PRELOAD) {
+                k = pool_k[j][b];
+                z = pool_z[j][b];
+            } else {
+                const unsigned long long* from = work + W_BLOCKS + b * BLOCK_WORDS + B_REC + 2 * j;
+                k = __ldcg(from);
+                z = (unsigned)__ldcg(from + 1);
+            }
+        },
+        MERGE_GROUPS > 1 ? &group_k[0][g] : out_k, MERGE_GROUPS > 1 ? &group_z[0][g] : out_z,
+        MERGE_GROUPS > 1 ? BLOCK_WARPS : 1);
 }
 
 // double-buffered per-warp bests of a round: one barrier per round
@@ -404,10 +446,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             MARK(2, blockIdx.x == 0)
             // the block's records: warp 0 merges the warps' lists and publishes them
             if (warp == 0) {
-                const int n = merge_records<BLOCK_WARPS>(warp_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
-                    k = per_warp.rec.k[j][b];
-                    z = per_warp.rec.z[j][b];
-                }, rec_k, rec_z);
+                const int n = merge_warp_lists<BLOCK_WARPS>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z);
                 __syncwarp();
                 for (int j = lane; j < n; j += 32) {
                     mine[B_REC + 2 * j] = rec_k[j];
@@ -449,25 +488,18 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                     }
                 }
                 longer = __syncthreads_or(longer);
+                // warp g < MERGE_GROUPS merges the lists of blocks g, g + MERGE_GROUPS, ..., then warp 0 merges
+                // the groups' lists (with one group, warp 0 merges every block's list at once)
+                if (warp < MERGE_GROUPS) {
+                    const int n = longer ? merge_group<true>(pool_n, pool_k, pool_z, work, rec_k, rec_z, per_warp.rec.k, per_warp.rec.z)
+                                         : merge_group<false>(pool_n, pool_k, pool_z, work, rec_k, rec_z, per_warp.rec.k, per_warp.rec.z);
+                    if (lane == 0) warp_n[warp] = n;
+                }
+                if (MERGE_GROUPS > 1) __syncthreads();
                 if (warp == 0) {
-                    int n;
-                    if (!longer) {
-                        n = merge_records<BLOCKS>(pool_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
-                            k = pool_k[j][b];
-                            z = pool_z[j][b];
-                        }, rec_k, rec_z);
-                    } else {  // a block with more than PRELOAD records (rare): the rest from the scratch
-                        n = merge_records<BLOCKS>(pool_n, [=](int b, int j, unsigned long long& k, unsigned& z) {
-                            if (j < PRELOAD) {
-                                k = pool_k[j][b];
-                                z = pool_z[j][b];
-                            } else {
-                                const unsigned long long* from = work + W_BLOCKS + b * BLOCK_WORDS + B_REC + 2 * j;
-                                k = __ldcg(from);
-                                z = (unsigned)__ldcg(from + 1);
-                            }
-                        }, rec_k, rec_z);
-                    }
+                    const int n = MERGE_GROUPS > 1
+                        ? merge_warp_lists<MERGE_GROUPS>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z)
+                        : warp_n[0];
                     if (lane == 0) n_shared = n;
                     if (!direct) {
                         __syncwarp();

@@ -12,6 +12,9 @@ class GemvTuning:
     rows: int = 4  # rows per warp for many short rows (a small model's lm_head)
     waves: int = 1  # grid = waves blocks per resident slot, rows striding over it; 0: one block per row group
     quant_rows: int = 2  # rows per warp of the block-format GEMVs (each x load serves them all)
+    # ... where quant_rows rows per warp would leave each warp at most one unit (an 8B's 4096-row o_proj and
+    # down) and the format has below 8 bits per weight: two units per warp keep each warp streaming
+    quant_few_rows: int = 1
     quant_warps: int = 16  # their warps per block: one block per SM stages x once for 16 warps
     quant_min_blocks: int = 1  # their register cap: 128
     quant_short_rows: int = 4  # rows of at most 1024 weights: more rows keep as many bytes in flight
@@ -20,6 +23,7 @@ class GemvTuning:
     quant_x_smem: bool = True  # fp32 x: blocks copy x (times gamma) to shared memory once, for unit-stride reads
     quant_int8_x: bool = True  # x quantized to int8 per 32 (ggml's q8_1), dot products by dp4a; else fp32 x
     quant_unroll: int = 0  # chunk loads per row and batch; 0: 8 / rows with int8 x (fp32 x: what 32 registers hold)
+    quant_units_per_sm: int = 12  # units (rows per warp each) in flight per SM that the split over K aims for
 
 
 # the fp32-x block-format GEMVs in the shape they were tuned in (their unpacking needs 168 registers)

@@ -154,7 +154,7 @@ def test_gemv_tunings(cp, rng, fmt, rows, splitk, blocks, mode):
     w, wf = quant(cp, fmt, n_out, k, seed=3)
     int8 = mode.startswith("int8")
     case = GemvCase(rng, wf, n_out, EPI_STORE, True, False, xq=int8)
-    tuning = replace(GemvTuning() if int8 else FP32_X, quant_rows=rows, quant_short_rows=rows,
+    tuning = replace(GemvTuning() if int8 else FP32_X, quant_rows=rows, quant_short_rows=rows, quant_few_rows=rows,
                      quant_x_smem=mode != "f32 global", quant_unroll=int(mode.split()[-1]) if "unroll" in mode else 0)
     check(cp, case, lambda x, g, b, y, amax: gemv(w, x, y, n_out, k, gamma=g, eps=case.eps, amax=amax, splitk=splitk,
                                                    blocks=blocks, tuning=tuning), TOL if int8 else TOL_F32)
