@@ -25,7 +25,8 @@ from graphs.buffers import STATE_DTYPE, state_record
 
 CONFIGS = {"greedy": SamplingParams(temperature=0.0), **SAMPLED, "logprobs5": SamplingParams(logprobs=5)}
 PHASES = ("scores", "warp recs", "block recs", "merged", "recs in", "counts", "end")
-MARKS = 2 * (len(PHASES) + 1)
+MERGER = ("gather", "level 1", "level 2")  # the merging block's phases, from its arrival (marks 8 to 11)
+MARKS = 2 * 12
 
 
 def run(cp, source: str, vocab: int, params: SamplingParams, launches: int, profile: bool, **extra):
@@ -97,8 +98,13 @@ def main():
             total = f"{(ns[-1] - ns[0]) / 1e3:.1f}" if ns[-1] and ns[0] else "-"
             last = max((k for k in range(len(PHASES)) if ns[k]), default=0)
             tail = f"{(ns[-1] - ns[last]) / 1e3:.1f}" if ns[-1] and last else "-"
+            merger = "  ".join(f"{p} {clk[9 + k] - clk[8 + k]:>6}" if clk[9 + k] and clk[8 + k] else f"{p} -"
+                               for k, p in enumerate(MERGER))
+            late = f"{(ns[8] - ns[3]) / 1e3:.1f}" if ns[8] and ns[3] else "-"
+            seen = f"{(ns[4] - ns[11]) / 1e3:.1f}" if ns[4] and ns[11] else "-"
             print(f"vocab {vocab} {name:10s} {times}  | block 0 cycles: {steps} | start->end {total} us, "
-                  f"last phase->end {tail} us", flush=True)
+                  f"last phase->end {tail} us | merging block cycles: {merger}; it arrived {late} us after "
+                  f"block 0, whose wait ended {seen} us after the records were out", flush=True)
 
 
 if __name__ == "__main__":

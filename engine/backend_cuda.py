@@ -73,15 +73,17 @@ class CudaBackend:
         self.warm_up()
 
     def warm_up(self) -> None:
-        """Run requests whose prompts prefill 1, 2, 4, ... up to a full chunk of tokens, so that the first
-        real request pays no lazy module loading or cuBLAS set-up: cuBLAS picks its kernel by the
-        prompt's length. The cache rows written are not held for reuse."""
+        """Run requests whose prompts prefill each of the prefill GEMMs' row counts (1, 2, 4, ..., 64, 128,
+        192, ... up to a full chunk), so that the first real request pays no lazy module loading or
+        cuBLAS set-up for a new shape. The cache rows written are not held for reuse."""
+        from kernels.prefill_ops import gemm_buckets
+
         if self.prefill is None:
             return
         longest = min(self.prefill.chunk, self.max_context - 2)  # a prompt of n + 1 leaves a position
         if longest < 1:
             return
-        for n in [1 << i for i in range(longest.bit_length()) if 1 << i < longest] + [longest]:
+        for n in [b for b in gemm_buckets(self.prefill.chunk) if b < longest] + [longest]:
             for _ in self.generate([0] * (n + 1), SamplingParams(temperature=0.0, max_new_tokens=1), 1):
                 pass
         self.held, self.reused = [], 0

@@ -76,9 +76,10 @@ class LLM:
     def _warm_up_text(self) -> None:
         """Compile the chat template and run the tokenizer and detokenizer once, so that the first request
         after load does not pay for it (the backend warms up its kernels itself)."""
-        tok = self.tokenizer
+        tok, most = self.tokenizer, self.max_context  # with a limit, as requests come: it sizes the vocabulary once
         try:
-            ids = tok.encode_chat([{"role": "user", "content": "Hello"}]) if tok.chat_template else tok.encode("Hello")
+            ids = (tok.encode_chat([{"role": "user", "content": "Hello"}], max_tokens=most) if tok.chat_template
+                   else tok.encode("Hello", max_tokens=most))
         except GDecodeError:
             return  # a template that cannot render says so on first use
         if ids:

@@ -55,6 +55,7 @@ class Prefill:
                                f"{inter}, {group})")
         chunk = pt.chunk
         self.cfg, self.weights, self.bufs, self.stream, self.chunk = cfg, weights, bufs, stream, chunk
+        self.pad_rows = pt.pad_rows
         n_qkv = cfg.q_size + 2 * cfg.kv_size
         with stream:
             # rows: [chunk, width]; x is the fp32 residual, the rest GEMM inputs (bf16) or outputs (fp32)
@@ -130,20 +131,21 @@ class Prefill:
 
     def _chunk(self, pos0: int, t: int, full: bool):
         s, h = self.stream, self._handle
+        g = pops.gemm_rows(t, self.chunk) if self.pad_rows else t  # the GEMMs' rows; the rest see t
         self.embed(s, pos0, t)
         last = len(self.layers) - 1
         for i, ly in enumerate(self.layers):
             ly.norm1(s, pos0, t)
-            ly.qkv(h, t)
+            ly.qkv(h, g)
             ly.rope(s, pos0, t)
             if i == last and not full:
                 break  # the last layer's output only feeds the logits
             ly.attn(s, pos0, t)
-            ly.wo(h, t)
+            ly.wo(h, g)
             ly.norm2(s, pos0, t)
-            ly.gate_up(h, t)
+            ly.gate_up(h, g)
             ly.silu(s, pos0, t)
-            ly.down(h, t)
+            ly.down(h, g)
 
     def ready(self, ids, start: int = 0) -> None:
         """After `bufs.write_state(ids, ...)`: prefill ids[start:-1] (the cache already holds the K/V of

@@ -306,7 +306,8 @@ __device__ __forceinline__ void st_release(unsigned long long* p, unsigned long 
 }
 
 #ifdef PROFILE_AT
-// dev: clock and globaltimer of block 0's phases (and the finishing block's end) to work[PROFILE_AT + 2k]
+// dev: clock and globaltimer of block 0's phases (k < 7), the finishing block's end (7) and the merging
+// block's (8: arrived, 9: lists gathered, 10: first level merged, 11: records out) to work[PROFILE_AT + 2k]
 #define MARK(k, who)                                                                           \
     if ((who) && threadIdx.x == 0) {                                                           \
         unsigned long long t_;                                                                 \
@@ -465,6 +466,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             }
             __syncthreads();
             if (merging) {
+                MARK(8, true)
                 // each block's count and first PRELOAD records in one wave (list b: words [0, 1 + 2 * PRELOAD))
                 unsigned long long got[GATHER_PER];
 #pragma unroll
@@ -488,6 +490,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                     }
                 }
                 longer = __syncthreads_or(longer);
+                MARK(9, true)
                 // warp g < MERGE_GROUPS merges the lists of blocks g, g + MERGE_GROUPS, ..., then warp 0 merges
                 // the groups' lists (with one group, warp 0 merges every block's list at once)
                 if (warp < MERGE_GROUPS) {
@@ -496,6 +499,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                     if (lane == 0) warp_n[warp] = n;
                 }
                 if (MERGE_GROUPS > 1) __syncthreads();
+                MARK(10, true)
                 if (warp == 0) {
                     const int n = MERGE_GROUPS > 1
                         ? merge_warp_lists<MERGE_GROUPS>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z)
@@ -509,6 +513,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                         }
                         if (lane == 0) work[W_NREC] = n;
                         __syncwarp();
+                        MARK(11, true)
                         if (lane == 0) st_release(work + W_MERGED, launch_no);
                     }
                 }

@@ -46,6 +46,8 @@ class PrefillTuning:
     row_warps: int = 4  # warps per block of the per-token row kernels (one row or head each)
     # a side stream dequantizes the next block-format matrix into a second scratch during each GEMM
     dequant_ahead: bool = True
+    # the GEMMs compute kernels/prefill_ops.gemm_rows(T) rows, a few shapes that the load warms up
+    pad_rows: bool = True
 
     def __post_init__(self):
         assert self.chunk >= 1 and self.attn_warps in (1, 2, 4, 8) and self.row_warps >= 1, self

@@ -95,3 +95,15 @@ def test_generate_chat_renders_template():
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
     n = len(tok(text, add_special_tokens=False)["input_ids"])
     assert f"prompt {n} tokens" in r.stderr, r.stderr
+
+
+def test_load_leaves_no_text_work_for_the_first_request():
+    """The first request after load renders, tokenizes with the context limit and detokenizes like any
+    other: the load has already compiled the template and sized the vocabulary's longest token, which
+    reads the whole vocabulary (tens of milliseconds)."""
+    need(MODEL)
+    from engine.llm import LLM
+
+    llm = LLM(str(MODEL), backend="numpy", max_context=64)
+    assert "max_token_bytes" in vars(llm.tokenizer)  # the cached_property was computed at load
+    assert llm.tokenizer.max_token_bytes == max(len(t.encode()) for t in llm.tokenizer._tok.get_vocab(True))

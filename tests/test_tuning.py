@@ -71,3 +71,18 @@ def test_check_tokens():
     for bad in ([10], [-1], [3, 10]):
         with pytest.raises(GDecodeError, match=r"out of range \[0, 10\)"):
             check_tokens(bad, 10, 8)
+
+
+@pytest.mark.parametrize("chunk", [512, 100, 64, 1])
+def test_prefill_gemm_rows_are_few_shapes_that_cover_every_chunk(chunk):
+    """Every chunk of t tokens runs its GEMMs on gemm_rows(t) rows: at least t, at most the scratch's
+    chunk, and one of the few row counts the load warms up, wasting less than 64 rows (or half)."""
+    from kernels.prefill_ops import gemm_buckets, gemm_rows
+
+    buckets = gemm_buckets(chunk)
+    assert len(buckets) <= 15
+    for t in range(1, chunk + 1):
+        g = gemm_rows(t, chunk)
+        assert t <= g <= chunk and g in buckets
+        assert g - t < 64 and (t > 64 or g < 2 * t)
+    assert buckets[-1] == chunk
