@@ -47,6 +47,7 @@ def load(args):
             self.cfg = replace(SHAPES[args.shape], vocab_size=self.tokenizer.vocab_size)
             self.backend = CudaBackend(self.cfg, None, max_context=args.max_context)
             self.stats = GenerationStats()
+            self._warm_up_text()  # as a loaded LLM does
 
     return RandomLLM()
 
