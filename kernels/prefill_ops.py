@@ -112,7 +112,7 @@ def gemm_rows(t: int, chunk: int) -> int:
     """Rows the prefill's GEMMs compute for a chunk of t tokens: t rounded up to a power of two below 64,
     else to a multiple of 64 (at most chunk). cuBLAS sets up a new problem shape on first use, which
     costs a first request tens of milliseconds; with these few shapes, all warmed at load, none is new.
-    The extra rows hold stale finite values and feed only their own output rows."""
+    The extra rows hold whatever earlier chunks left there and feed only their own output rows."""
     b = 1 << max(0, t - 1).bit_length() if t <= 64 else -(-t // 64) * 64
     return min(b, chunk)
 

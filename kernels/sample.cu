@@ -161,10 +161,10 @@ __device__ __forceinline__ int warp_records(const unsigned (&zk)[N], const unsig
     return n;
 }
 
-// one warp: the records over the union of LISTS record lists (list b:
-// zk ascending and so rk descending; len(b) entries, entry(b, j, k, z)). Lane l walks lists l, l + 32, ...:
-// the best entry of a list above `low` is its first one above it, so a lane keeps each list's head and
-// moves it only past `low`. Output as warp_records.
+// one warp: the records over the union of LISTS record lists (list b: len(b) entries entry(b, j, k, z), zk
+// ascending and so rk descending). Lane l walks lists l, l + 32, ...: the best entry of a list above `low`
+// is its first one above it, so a lane keeps each list's head and moves it only past `low`. Output as
+// warp_records, every `stride` words.
 template <int LISTS, class Len, class Entry>
 __device__ __forceinline__ int merge_records(Len len, Entry entry, unsigned long long* out_k, unsigned* out_z,
                                              int stride) {
