@@ -15,7 +15,7 @@ from engine.llm import DEFAULT_MODEL, LLM
 from engine.serving import ServingEngine
 
 SHUTDOWN_WAIT_S = 10.0
-SWITCH_INTERVAL_S = 0.0005
+SWITCH_INTERVAL_S = 0.0001
 
 
 def _uvicorn_server(config, on_signal):
@@ -46,8 +46,10 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_server(engine: ServingEngine, model_id: str, host: str, port: int) -> None:
-    """Start `engine` (loading its model) and serve it on host:port until SIGINT or SIGTERM."""
+def run_server(engine: ServingEngine, model_id: str, host: str, port: int, http: str = "auto",
+               loop: str = "auto") -> None:
+    """Start `engine` (loading its model) and serve it on host:port until SIGINT or SIGTERM. `http` and
+    `loop` are uvicorn's: auto takes httptools and uvloop when installed (they are dependencies)."""
     import uvicorn
 
     from cli.server_app import create_app
@@ -59,7 +61,7 @@ def run_server(engine: ServingEngine, model_id: str, host: str, port: int) -> No
     llm = engine.start()
     api = create_app(engine, model_id)
     config = uvicorn.Config(api, host=host, port=port, log_config=None, log_level=logging.getLogger().level,
-                            timeout_keep_alive=5, timeout_graceful_shutdown=SHUTDOWN_WAIT_S)
+                            timeout_keep_alive=5, timeout_graceful_shutdown=SHUTDOWN_WAIT_S, http=http, loop=loop)
     server = _uvicorn_server(config, engine.stop)
     logging.getLogger("gdecode.serve").info("serving %s on http://%s:%d (%s backend, context %d tokens)",
                                             model_id, host, sock.getsockname()[1], llm.backend.name,

@@ -180,7 +180,7 @@ def create_app(engine: ServingEngine, model_id: str) -> FastAPI:
         shape = Shape(isinstance(req, ChatRequest), model_id, tok)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(stream(events, shape, include_usage), on_close=r.cancel)
+            return EventStream(stream(events, shape, include_usage, r.id), on_close=r.cancel)
         return await whole(request, r, events, shape)
 
     return app
@@ -217,10 +217,12 @@ async def whole(request: HttpRequest, r: Request, events: asyncio.Queue, shape: 
             return error_response(ApiError(FAILED_STATUS[ev.kind], ev.message, type=kind))
 
 
-async def stream(events: asyncio.Queue, shape: Shape, include_usage: bool):
+async def stream(events: asyncio.Queue, shape: Shape, include_usage: bool, req_id: int):
     """SSE chunks: the role, then text as it becomes final (whatever is ready goes out as one chunk),
-    the finish reason, usage when asked for, and [DONE]."""
+    the finish reason, usage when asked for, and [DONE]. Logs (debug) how long the first text took
+    from the engine to the socket."""
     yield shape.chunk(first=True)
+    first_at = 0.0
     while True:
         batch = [await events.get()]
         while not events.empty():
@@ -230,6 +232,10 @@ async def stream(events: asyncio.Queue, shape: Shape, include_usage: bool):
         logprobs = shape.logprobs([ev.logprobs for ev in deltas if ev.logprobs is not None])
         if text or logprobs:
             yield shape.chunk(text, logprobs=logprobs)
+            if not first_at and text:
+                first_at = next(ev.at for ev in deltas if ev.text)
+                log.debug("request %d: first text written %.2f ms after its token", req_id,
+                          1e3 * (time.perf_counter() - first_at))
         last = batch[-1]
         if isinstance(last, Finished):
             yield shape.chunk(reason=last.reason)

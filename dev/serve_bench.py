@@ -109,12 +109,12 @@ def chat_probe(llm, tokens: int = 64) -> list[tuple[float, float, int, int]]:
 def serve(args):
     import logging
 
-    from cli.serve import run_server
     from engine.serving import ServingEngine
 
-    # the engine logs each request's time to first token (from its arrival) at INFO
+    # the engine logs each request's time to first token (from its arrival) and its time queued at INFO,
+    # the HTTP side (debug) how long the first text took from the engine to the socket
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("gdecode.serve").setLevel(logging.INFO)
+    logging.getLogger("gdecode.serve").setLevel(logging.DEBUG)
 
     def load_and_measure():
         llm = load(args)
@@ -125,7 +125,13 @@ def serve(args):
         Path(args.baseline_out).write_text(json.dumps({**base, "prompt_tokens": len(ids), "chat": chat_probe(llm)}))
         return llm
 
-    run_server(ServingEngine(load_and_measure), "bench", "127.0.0.1", args.port)
+    import cli.serve
+
+    if args.switch_interval:
+        cli.serve.SWITCH_INTERVAL_S = args.switch_interval
+    plain = args.stack == "plain"
+    cli.serve.run_server(ServingEngine(load_and_measure), "bench", "127.0.0.1", args.port,
+                         http="h11" if plain else "auto", loop="asyncio" if plain else "auto")
 
 
 def streamed(client, messages, tokens: int, cache: bool) -> dict:
@@ -155,6 +161,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-context", type=int, default=8192)
     ap.add_argument("--backend", default="cuda", help="cuda | numpy (numpy: a dry run of the script)")
+    ap.add_argument("--stack", default="auto", choices=["auto", "plain"],
+                    help="auto: uvicorn with httptools and uvloop; plain: h11 and asyncio's loop")
+    ap.add_argument("--switch-interval", type=float, default=0.0, help="the server's (s; default: cli/serve.py's)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--baseline-out", default="", help=argparse.SUPPRESS)
@@ -170,7 +179,7 @@ def main():
     port = free_port()
     cmd = [sys.executable, __file__, "--serve", "--port", str(port), "--baseline-out", str(out), "--model", args.model,
            "--tokens", str(args.tokens), "--repeats", str(args.repeats), "--max-context", str(args.max_context),
-           "--backend", args.backend]
+           "--backend", args.backend, "--stack", args.stack, "--switch-interval", str(args.switch_interval)]
     if args.shape:
         cmd += ["--shape", args.shape]
     log_path = out.with_name("serve.log")
@@ -198,6 +207,13 @@ def main():
         print(f"{'':24}{'tok/s':>10}{'ttft ms':>10}")
         print(f"{'without HTTP':24}{base['tok_s']:>10.1f}{base['ttft_ms']:>10.2f}")
         print(f"{'streamed (openai)':24}{tok_s:>10.1f}{ttft:>10.2f}")
+        log = log_path.read_text()
+        served = [float(m) for m in re.findall(r"ttft ([0-9.]+) ms", log)][-args.repeats:]
+        queued = [float(m) for m in re.findall(r"queued ([0-9.]+) ms", log)][-args.repeats:]
+        out = [float(m) for m in re.findall(r"first text written ([0-9.]+) ms", log)][-args.repeats:]
+        print(f"in the server ({args.stack} stack): handler to first token {statistics.median(served):.2f} ms, of "
+              f"which queued {statistics.median(queued):.2f} ms; first token to its text written "
+              f"{statistics.median(out):.2f} ms")
         ratio, extra = tok_s / base["tok_s"], ttft - base["ttft_ms"]
         first = base["first_ttft_ms"] / base["ttft_ms"]
         print(f"first request after load: time to first token {base['first_ttft_ms']:.2f} ms, {first:.2f}x a later "

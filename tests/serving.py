@@ -113,3 +113,90 @@ class Server:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+def bad_bodies(model: str, context: int) -> list[tuple[object, int]]:
+    """Bad chat requests to `model` (served with `context` positions) and the status each must get."""
+    msg = [{"role": "user", "content": "x"}]
+    return [
+        ('{"messages": [', 400),
+        ({"model": model, "messages": []}, 400),
+        ({"model": model, "messages": [{"role": "robot", "content": "x"}]}, 400),
+        ({"model": model, "messages": msg, "max_tokens": 0}, 400),
+        ({"model": model, "messages": msg, "n": 4}, 400),
+        ({"model": "other", "messages": msg}, 404),
+        ({"model": model, "messages": msg, "temperature": "warm"}, 400),
+        ({"model": model, "messages": [{"role": "user", "content": "fox " * (context + 100)}]}, 400),
+    ]
+
+
+def rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def soak(server: Server, model: str, context: int, clients: int = 8, each: int = 25) -> dict:
+    """clients x each requests at once, each client a random mix of whole and streamed chats, text
+    completions, streams dropped after a few chunks, and bad requests. Asserts that every good request
+    completes, every bad one gets its OpenAI error, the server still answers after, and its memory is
+    flat (what the requests after the first quarter added is small); returns the RSS samples (KiB)."""
+    import random
+
+    words = "the quick brown fox jumps over lazy dog hello world tiny model token once upon a time".split()
+    bad = bad_bodies(model, context)
+    total = clients * each
+    done, lock, failures, rss = [0], threading.Lock(), [], {}
+
+    def finished():
+        with lock:
+            done[0] += 1
+            if done[0] in (total // 4, total):
+                rss[done[0]] = rss_kib(server.proc.pid)
+
+    def client(k: int):
+        rng = random.Random(k)
+        c = server.client(timeout=120)
+        for _ in range(each):
+            kind = rng.choice(["whole", "stream", "completion", "disconnect", "bad"])
+            msgs = [{"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(1, 30)))}]
+            kw = dict(max_tokens=rng.randint(1, 60), temperature=rng.choice([0.0, 0.7, 1.2]), seed=rng.randint(0, 99))
+            try:
+                if kind == "whole":
+                    r = c.chat.completions.create(model=model, messages=msgs, **kw)
+                    assert r.choices[0].finish_reason in ("stop", "length")
+                    assert r.usage.completion_tokens <= kw["max_tokens"]
+                elif kind == "stream":
+                    chunks = list(c.chat.completions.create(model=model, messages=msgs, stream=True,
+                                                            stream_options={"include_usage": True}, **kw))
+                    assert chunks[-2].choices[0].finish_reason in ("stop", "length")
+                    assert chunks[-1].usage.completion_tokens <= kw["max_tokens"]
+                elif kind == "completion":
+                    r = c.completions.create(model=model, prompt=msgs[0]["content"], **kw)
+                    assert r.choices[0].finish_reason in ("stop", "length")
+                elif kind == "disconnect":
+                    stream = c.chat.completions.create(model=model, messages=msgs, stream=True,
+                                                       **{**kw, "max_tokens": 300})
+                    stop_at = rng.randint(0, 5)
+                    for i, _ in enumerate(stream):
+                        if i == stop_at:
+                            break
+                    stream.close()
+                else:
+                    body, status = rng.choice(bad)
+                    got, answer, _ = server.post("/v1/chat/completions", body)
+                    assert got == status and set(answer["error"]) == {"message", "type", "param", "code"}, answer
+            except Exception as e:  # collected: a thread's assert would not fail the test
+                failures.append(f"{kind}: {type(e).__name__}: {e}")
+            finished()
+
+    in_threads(client, clients, 600)
+    assert not failures, failures[:5]
+    assert done[0] == total
+    last = server.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "still there?"}],
+                                                   max_tokens=2)
+    assert last.usage.completion_tokens <= 2
+    # memory is flat: what the last three quarters of the requests added over the first quarter is small
+    assert rss[total] - rss[total // 4] < 32 * 1024, rss
+    return rss

@@ -16,7 +16,7 @@ from engine.llm import DEFAULT_MODEL
 from engine.prefix import shared_prefix
 from engine.sampling import SamplingParams
 from engine.weights import load_weights
-from tests.serving import ENV, ROOT, Server, gdecode_cmd, in_threads, make_long_model
+from tests.serving import ENV, ROOT, Server, gdecode_cmd, in_threads, make_long_model, soak
 from tests.tiny import make_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -186,6 +186,15 @@ def test_cuda_server_concurrency_and_disconnect(server):
         assert time.monotonic() < deadline, server.log()
         time.sleep(0.1)
     assert int(m.group(1)) < 3000
+
+
+def test_cuda_server_soak_200_requests_from_8_clients(server):
+    """The soak of tests/test_server.py on the CUDA backend and the real model: sampled and greedy
+    requests, streams dropped mid-way and bad requests from 8 clients at once."""
+    rss = soak(server, "smol", context=4096)
+    print(f"server RSS after 50 requests {rss[50] / 1024:.1f} MiB, after 200 {rss[200] / 1024:.1f} MiB")
+    log = server.log()
+    assert "Traceback" not in log and " ERROR " not in log, log[-4000:]
 
 
 def test_cuda_server_graceful_shutdown(tmp_path):

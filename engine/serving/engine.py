@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from engine.errors import GDecodeError
@@ -114,6 +115,7 @@ class ServingEngine:
                 self._retire(seq)
 
     def _admit(self, req: Request) -> None:
+        req.admitted = time.perf_counter()
         if req.cancelled:
             req.emit(Finished("abort", Usage(len(req.prompt), 0, 0, 0.0, 0.0)))
             return
@@ -143,5 +145,6 @@ class ServingEngine:
         self.running.remove(seq)
         u = seq.usage()
         rate = (u.completion_tokens - 1) / u.seconds if u.completion_tokens > 1 and u.seconds > 0 else 0.0
-        log.info("request %d %s: prompt %d tokens (%d cached), %d generated, ttft %.1f ms, %.1f tok/s",
-                 seq.req.id, seq.note, u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.ttft * 1e3, rate)
+        log.info("request %d %s: prompt %d tokens (%d cached), %d generated, ttft %.2f ms (queued %.2f ms), "
+                 "%.1f tok/s", seq.req.id, seq.note, u.prompt_tokens, u.cached_tokens, u.completion_tokens,
+                 u.ttft * 1e3, u.queued * 1e3, rate)

@@ -20,6 +20,7 @@ class Usage:
     cached_tokens: int  # prompt tokens whose K/V came from the cache, not from prefill
     ttft: float  # seconds from submit to the first token
     seconds: float  # first token to last
+    queued: float = 0.0  # seconds from submit until the engine took the request up (part of ttft)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Delta:
     text: str
     token: int
     logprobs: object = None  # per-token sampler results, when the request asked for them
+    at: float = 0.0  # when the engine had the token (perf_counter)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Request:
     ignore_eos: bool = False
     id: int = field(default_factory=lambda: next(_ids))
     submitted: float = field(default_factory=time.perf_counter)
+    admitted: float = 0.0  # when the engine took it up (perf_counter), 0 before
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def cancel(self) -> None:

@@ -60,7 +60,7 @@ class Sequence:
             return self.finish("stop")
         text, hit = self.stops.push(self.decoder.push(token))
         lp = getattr(self.llm.backend, "token_logprobs", None) if self.want_logprobs else None
-        self.req.emit(Delta(text, token, lp))
+        self.req.emit(Delta(text, token, lp, self.t_last))
         if hit:
             return self.finish("stop", flush=False)
         if self.generated >= self.budget:
@@ -81,4 +81,5 @@ class Sequence:
 
     def usage(self) -> Usage:
         ttft = self.t_first - self.req.submitted if self.generated else 0.0
-        return Usage(len(self.req.prompt), self.generated, self.cached, ttft, self.t_last - self.t_first)
+        queued = max(0.0, self.req.admitted - self.req.submitted) if self.req.admitted else 0.0
+        return Usage(len(self.req.prompt), self.generated, self.cached, ttft, self.t_last - self.t_first, queued)
