@@ -30,9 +30,40 @@ sys.path.insert(0, str(ROOT))
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle. " * 2
 
 
+class TimedBackend:
+    """A stand-in backend for timing the HTTP path alone: the first token `prefill_ms` after the request,
+    then one every `step_ms`, sleeping (so without the interpreter lock, as a GPU wait is)."""
+
+    name = "timed"
+
+    def __init__(self, vocab: int, max_context: int, prefill_ms: float = 5.0, step_ms: float = 2.0):
+        self.vocab, self.max_context = vocab, max_context
+        self.prefill_s, self.step_s = prefill_ms / 1e3, step_ms / 1e3
+        self.reused = 0
+
+    def generate(self, ids, params, max_new_tokens: int, reuse: bool = False):
+        time.sleep(self.prefill_s)
+        for i in range(min(max_new_tokens, self.max_context - len(ids))):
+            if i:
+                time.sleep(self.step_s)
+            yield 300 + i % 1000  # ordinary text tokens of SmolLM2's vocabulary
+
+
 def load(args):
     from engine.llm import LLM
 
+    if args.backend == "timed":
+        from engine.llm import GenerationStats
+        from engine.tokenizer import Tokenizer
+
+        class TimedLLM(LLM):
+            def __init__(self):
+                self.tokenizer = Tokenizer.from_dir(args.model)
+                self.backend = TimedBackend(self.tokenizer.vocab_size, args.max_context)
+                self.stats = GenerationStats()
+                self._warm_up_text()
+
+        return TimedLLM()
     if args.shape is None:
         return LLM(args.model, backend=args.backend, max_context=args.max_context)
     from engine.backend_cuda import CudaBackend
@@ -153,6 +184,82 @@ def streamed(client, messages, tokens: int, cache: bool) -> dict:
             "cached": usage.prompt_tokens_details.cached_tokens, "text": "".join(text)}
 
 
+def raw_stream(port: int, messages, tokens: int) -> dict:
+    """The same streamed request over a plain socket (no client library): ms from sending it to the
+    first content chunk's bytes, and how long the request took to build and send."""
+    import socket
+
+    t0 = time.perf_counter()
+    body = json.dumps({"model": "bench", "messages": messages, "max_tokens": tokens, "temperature": 0.0,
+                       "stream": True, "ignore_eos": True, "cache_prompt": False}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t1 = time.perf_counter()
+        sock.sendall(head + body)
+        seen = b""
+        while b'"content":"' not in seen.replace(b'"content":""', b""):
+            part = sock.recv(65536)
+            if not part:
+                raise SystemExit("the server closed the stream before any content")
+            seen += part
+        t2 = time.perf_counter()
+        while sock.recv(65536):
+            pass
+    return {"ttft_ms": 1e3 * (t2 - t1), "send_ms": 1e3 * (t1 - t0)}
+
+
+def client_floor(repeats: int) -> float:
+    """The openai client's own time to first content chunk (ms, median) against a canned loopback server
+    that answers every request at once with a role chunk, a text chunk and the end."""
+    import socket
+    import threading
+
+    import openai
+
+    def chunk(delta: dict, reason=None) -> bytes:
+        obj = {"id": "chatcmpl-0", "object": "chat.completion.chunk", "created": 0, "model": "bench",
+               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+        event = f"data: {json.dumps(obj)}\n\n".encode()
+        return b"%x\r\n%s\r\n" % (len(event), event)
+
+    answer = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+              + chunk({"role": "assistant", "content": ""}) + chunk({"content": "Hi"}) + chunk({}, "length")
+              + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+
+    def serve(conn):
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = b""
+        while True:
+            while b"\r\n\r\n" not in buf:
+                if not (part := conn.recv(65536)):
+                    return
+                buf += part
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            n = int(next(v for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n"))
+                         if k.lower() == b"content-length"))
+            while len(buf) < n:
+                buf += conn.recv(65536)
+            buf = buf[n:]
+            conn.sendall(answer)
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=lambda: [threading.Thread(target=serve, args=(listener.accept()[0],), daemon=True)
+                                     .start() for _ in iter(int, 1)], daemon=True).start()
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{listener.getsockname()[1]}/v1", api_key="unused",
+                           max_retries=0)
+    times = []
+    for _ in range(10 * repeats + 10):
+        t0 = time.perf_counter()
+        for c in client.chat.completions.create(model="bench", messages=[{"role": "user", "content": PROMPT}],
+                                                max_tokens=8, temperature=0.0, stream=True):
+            if c.choices and c.choices[0].delta.content:
+                times.append(1e3 * (time.perf_counter() - t0))
+                break
+    return statistics.median(times[10:])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(ROOT / "models" / "smollm2-135m-instruct"))
@@ -160,7 +267,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-context", type=int, default=8192)
-    ap.add_argument("--backend", default="cuda", help="cuda | numpy (numpy: a dry run of the script)")
+    ap.add_argument("--backend", default="cuda",
+                    help="cuda | numpy (numpy: a dry run of the script) | timed (no model: tokens after fixed "
+                         "sleeps, 5 ms to the first and 2 ms between, to time the HTTP path alone)")
     ap.add_argument("--stack", default="auto", choices=["auto", "plain"],
                     help="auto: uvicorn with httptools and uvloop; plain: h11 and asyncio's loop")
     ap.add_argument("--switch-interval", type=float, default=0.0, help="the server's (s; default: cli/serve.py's)")
@@ -214,6 +323,11 @@ def main():
         print(f"in the server ({args.stack} stack): handler to first token {statistics.median(served):.2f} ms, of "
               f"which queued {statistics.median(queued):.2f} ms; first token to its text written "
               f"{statistics.median(out):.2f} ms")
+        raw = [raw_stream(port, msgs, 8) for _ in range(args.repeats + 1)][1:]
+        raw_ttft = statistics.median(r["ttft_ms"] for r in raw)
+        print(f"{'streamed (raw socket)':24}{'':>10}{raw_ttft:>10.2f}   (new connection each; no client library)")
+        floor = client_floor(args.repeats)
+        print(f"{'openai client alone':24}{'':>10}{floor:>10.2f}   (a canned server that answers at once)")
         ratio, extra = tok_s / base["tok_s"], ttft - base["ttft_ms"]
         first = base["first_ttft_ms"] / base["ttft_ms"]
         print(f"first request after load: time to first token {base['first_ttft_ms']:.2f} ms, {first:.2f}x a later "
