@@ -31,7 +31,7 @@ VARIANTS = {
 QUANT_VARIANTS = {
     "default": Tuning(),
     "few rows 2": Tuning(gemv=GemvTuning(quant_few_rows=2)),
-    "units 24": Tuning(gemv=GemvTuning(quant_units_per_sm=24)),
+    "no part overlap": Tuning(gemv=GemvTuning(parts_overlap=False)),
 }
 PLAN = {
     "llama3-8b": [0, 8192, 32768],

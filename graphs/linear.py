@@ -35,8 +35,10 @@ def linear(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi=EPI_STORE,
         gate, up = w.parts
         return [gemv(up, x, y, n_out, k, bias=_at(bias, n_out), epi=EPI_STORE, **common),
                 gemv(gate, x, y, n_out, k, bias=bias, epi=EPI_GATE, **common)]
-    return [gemv(p, x, _at(y, r0), r1 - r0, k, bias=_at(bias, r0), epi=epi, **common)
-            for p, r0, r1 in zip(w.parts, w.offsets, w.offsets[1:], strict=False)]
+    # the parts write their own rows of y and read only x: each after the first overlaps the one before
+    return [gemv(p, x, _at(y, r0), r1 - r0, k, bias=_at(bias, r0), epi=epi, late_wait=i > 0 and tuning.parts_overlap,
+                 **common)
+            for i, (p, r0, r1) in enumerate(zip(w.parts, w.offsets, w.offsets[1:], strict=False))]
 
 
 def linear_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
@@ -46,9 +48,11 @@ def linear_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: 
     if not isinstance(w, StackedWeight):
         return [gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, **common)]
     out = []
-    for p, r0, r1 in zip(w.parts, w.offsets, w.offsets[1:], strict=False):
+    for i, (p, r0, r1) in enumerate(zip(w.parts, w.offsets, w.offsets[1:], strict=False)):
         if r0 % hd or r1 % hd:
             raise ValueError(f"a QKV part at rows {r0}..{r1} splits a head of {hd}")
+        # the parts write their own heads and read only x and the position: each after the first
+        # overlaps the one before
         out.append(gemv_rope(p, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, head0=r0 // hd,
-                             heads=(r1 - r0) // hd, **common))
+                             heads=(r1 - r0) // hd, late_wait=i > 0 and tuning.parts_overlap, **common))
     return out

@@ -42,6 +42,11 @@ __device__ __forceinline__ void pdl_enter() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// the two halves of pdl_enter, for a kernel that reads nothing the previous kernel writes (gemv_core.cuh
+// LATE_WAIT): it lets the next kernel launch at once and waits for the previous one only before it ends
+__device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // as ld_stream, but a coherent load: ptxas hoists the PDL wait above non-coherent (.nc) loads only,
 // so weights read this way before pdl_enter really stream ahead of it
 __device__ __forceinline__ uint4 ld_early(const uint4* p) {

@@ -15,7 +15,9 @@
 // about one block per resident slot keeps every warp streaming from start to end. Loads run one
 // batch ahead of the FMAs, across unit boundaries, so each warp keeps weights in flight through
 // every reduction and epilogue. The first batch is issued before waiting on the previous kernel
-// (PDL).
+// (PDL). LATE_WAIT: the previous kernel writes nothing this one reads or writes (it is another part of the
+// same projection, e.g. a Q4_K_M layer's Q6_K v rows after its Q4_K q and k rows), so this one streams at
+// once and waits for it only at its end, which still orders both before the next kernel.
 #include "gemv_epilogue.cuh"
 #include "gemv_formats.cuh"
 
@@ -70,7 +72,7 @@ struct XLoader {
     float ss;
     __device__ __forceinline__ float4 get(int k, int j) {
         if (X_SMEM) return xs[k * (X_ROW + 1) + j];
-        float4 v = __ldg(x4 + k * X_ROW + j);
+        float4 v = ld_x(x4 + k * X_ROW + j);
         if (NORM) {
             ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
             v = mul4(v, __ldg(g4 + k * X_ROW + j));
@@ -101,7 +103,7 @@ __device__ __forceinline__ float stage_x(const float4* __restrict__ x4, const fl
     float ss = 0.f;
 #pragma unroll 4
     for (int f = threadIdx.x; f < K / 4; f += WARPS * 32) {
-        float4 v = __ldg(x4 + f);
+        float4 v = ld_x(x4 + f);
         if (NORM) {
             ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
             v = mul4(v, __ldg(g4 + f));
@@ -135,8 +137,8 @@ __device__ __forceinline__ float stage_xq(const float4* __restrict__ x4, const f
     for (int f0 = 0; f0 < N8; f0 += WARPS * 32) {
         const int f = f0 + threadIdx.x;
         const bool ok = f < N8;  // uniform over each 4 lanes of one block
-        float4 a = ok ? __ldg(x4 + 2 * f) : make_float4(0.f, 0.f, 0.f, 0.f);
-        float4 b = ok ? __ldg(x4 + 2 * f + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 a = ok ? ld_x(x4 + 2 * f) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 b = ok ? ld_x(x4 + 2 * f + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
         if (NORM) {
             ss = fmaf(a.x, a.x, fmaf(a.y, a.y, fmaf(a.z, a.z, fmaf(a.w, a.w, ss))));
             ss = fmaf(b.x, b.x, fmaf(b.y, b.y, fmaf(b.z, b.z, fmaf(b.w, b.w, ss))));
@@ -216,7 +218,10 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
         // the first batch of weights streams in while the previous kernel finishes
         load_batch<true>(rp, u < n, 0, part, lane, a);
     }
-    pdl_enter();
+    if (LATE_WAIT)
+        pdl_launch();
+    else
+        pdl_enter();
 #if XQ
     const float x_rs = stage_xq(reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma), eps,
                                 reinterpret_cast<unsigned char*>(xs));
@@ -291,4 +296,5 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
         epi(u, acc);
     }
     epi.end();
+    if (LATE_WAIT) pdl_wait();  // this grid ends after the previous one: the next kernel may read both
 }

@@ -23,6 +23,14 @@
 #define HEAD_DIM 128
 #endif
 #define HALF_DIM (HEAD_DIM / 2)
+#ifndef LATE_WAIT
+#define LATE_WAIT 0  // gemv_core.cuh
+#endif
+
+// what the step writes (x, the position): without the PDL wait before it (LATE_WAIT), read past L1, whose
+// lines could predate the previous kernels' writes, from L2, where those writes are
+__device__ __forceinline__ float4 ld_x(const float4* p) { return LATE_WAIT ? __ldcg(p) : __ldg(p); }
+__device__ __forceinline__ int ld_state_pos(const DecodeState* st) { return LATE_WAIT ? __ldcg(&st->pos) : st->pos; }
 #ifndef ROWS
 #define ROWS (EPILOGUE == EPI_SILU || EPILOGUE == EPI_ROPE ? 2 : 1)
 #endif
@@ -104,7 +112,7 @@ struct RopeEpilogue {
             rp[j + PER_UNIT] = w + (row + HALF_DIM) * row_bytes;
         }
     }
-    __device__ __forceinline__ void begin() { pos = min(max(st->pos, 0), max_ctx - 1); }
+    __device__ __forceinline__ void begin() { pos = min(max(ld_state_pos(st), 0), max_ctx - 1); }
     __device__ __forceinline__ void end() {}
     __device__ __forceinline__ void operator()(int unit, const float (&acc)[ROWS]) {
 #pragma unroll

@@ -24,6 +24,9 @@ class GemvTuning:
     quant_int8_x: bool = True  # x quantized to int8 per 32 (ggml's q8_1), dot products by dp4a; else fp32 x
     quant_unroll: int = 0  # chunk loads per row and batch; 0: 8 / rows with int8 x (fp32 x: what 32 registers hold)
     quant_units_per_sm: int = 12  # units (rows per warp each) in flight per SM that the split over K aims for
+    # a projection stored as parts of several formats (a Q4_K_M layer's Q6_K v beside Q4_K q and k) runs one
+    # launch per part; each part after the first streams without waiting for the one before (LATE_WAIT)
+    parts_overlap: bool = True
 
 
 # the fp32-x block-format GEMVs in the shape they were tuned in (their unpacking needs 168 registers)
