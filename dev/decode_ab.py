@@ -1,6 +1,6 @@
 """A/B of decode tunings in one process: tok/s per variant and depth, against the same copy bandwidth.
 
-PYTHONPATH=. python3 dev/decode_ab.py [--profile] [--quant FORMAT] [shape ...]
+PYTHONPATH=. python3 dev/decode_ab.py [--profile] [--quant FORMAT] [--only VARIANT] [shape ...]
 
 Each variant is a Tuning; the step is rebuilt and captured again over the same weights and cache
 (the buffers' split count stays the backend's, so variants differ in everything but splits). --profile
@@ -32,6 +32,7 @@ QUANT_VARIANTS = {
     "default": Tuning(),
     "few rows 2": Tuning(gemv=GemvTuning(quant_few_rows=2)),
     "no part overlap": Tuning(gemv=GemvTuning(parts_overlap=False)),
+    "w8 mb2": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2)),
 }
 PLAN = {
     "llama3-8b": [0, 8192, 32768],
@@ -74,6 +75,10 @@ def main(argv):
     quant = argv[argv.index("--quant") + 1] if "--quant" in argv else "bf16"
     argv = [a for i, a in enumerate(argv) if a != quant or i == 0 or argv[i - 1] != "--quant"]
     variants = VARIANTS if quant == "bf16" else QUANT_VARIANTS
+    if "--only" in argv:  # one variant by name
+        only = argv[argv.index("--only") + 1]
+        variants = {only: variants[only]}
+        argv = [a for a in argv if a != only]
     shapes = [a for a in argv if not a.startswith("--")] or list(PLAN)
     copy_gbs = copy_bandwidth(4 << 30, 10)
     print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
