@@ -1,6 +1,6 @@
 """A/B of decode tunings in one process: tok/s per variant and depth, against the same copy bandwidth.
 
-PYTHONPATH=. python3 dev/decode_ab.py [--profile] [--quant FORMAT] [--only VARIANT] [shape ...]
+PYTHONPATH=. python3 dev/decode_ab.py [--profile] [--quant FORMAT] [--only V1,V2] [--sample CONFIG] [shape ...]
 
 Each variant is a Tuning; the step is rebuilt and captured again over the same weights and cache
 (the buffers' split count stays the backend's, so variants differ in everything but splits). --profile
@@ -27,6 +27,7 @@ VARIANTS = {
     "default": Tuning(),
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
     "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
+    "late noise": Tuning(sample_noise_early=False),  # time it with --sample CONFIG
 }
 QUANT_VARIANTS = {
     "default": Tuning(),
@@ -75,10 +76,15 @@ def main(argv):
     quant = argv[argv.index("--quant") + 1] if "--quant" in argv else "bf16"
     argv = [a for i, a in enumerate(argv) if a != quant or i == 0 or argv[i - 1] != "--quant"]
     variants = VARIANTS if quant == "bf16" else QUANT_VARIANTS
-    if "--only" in argv:  # one variant by name
+    if "--only" in argv:  # variants by name, comma-separated
         only = argv[argv.index("--only") + 1]
-        variants = {only: variants[only]}
+        variants = {v: variants[v] for v in only.split(",")}
         argv = [a for a in argv if a != only]
+    params, sampling = None, "greedy"
+    if "--sample" in argv:  # a configuration of engine.bench.SAMPLED instead of greedy
+        sampling = argv[argv.index("--sample") + 1]
+        params = B.SAMPLED[sampling]
+        argv = [a for a in argv if a != sampling]
     shapes = [a for a in argv if not a.startswith("--")] or list(PLAN)
     copy_gbs = copy_bandwidth(4 << 30, 10)
     print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
@@ -92,8 +98,8 @@ def main(argv):
             B.fill_depth(backend, d)
             for v, tuning in variants.items():
                 backend.step = DecodeStep(cfg, backend.weights, backend.bufs, backend.stream, tuning)
-                r = B.bench_tg(backend, d, 5, True, copy_gbs)
-                print(f"{name} {quant} d={d:<6} {v:<12} {r.tok_s:8.1f} tok/s {r.ms_per_token:.4f} ms "
+                r = B.bench_tg(backend, d, 5, True, copy_gbs, params, sampling)
+                print(f"{name} {quant} {sampling} d={d:<6} {v:<12} {r.tok_s:8.1f} tok/s {r.ms_per_token:.4f} ms "
                       f"{r.pct_copy:5.1f}% copy", flush=True)
                 if do_profile:
                     print("   " + profile(backend, tuning, d), flush=True)
