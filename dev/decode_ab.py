@@ -27,7 +27,6 @@ VARIANTS = {
     "default": Tuning(),
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
     "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
-    "late noise": Tuning(sample_noise_early=False),  # time it with --sample CONFIG
 }
 QUANT_VARIANTS = {
     "default": Tuning(),

@@ -99,8 +99,7 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: 
     add(linear(w.lm_head, b.x, b.logits, cfg.vocab_size, h, gamma=w.final_norm, eps=eps, amax=b.amax, pair=True,
                tuning=g, pdl=pdl), "lm_head")
     out.add(ops.sample(b.logits, b.amax, b.state, b.prompt, b.ring_dev, b.lp_ring_dev, b.counts, b.window,
-                       b.sample_work, vocab=cfg.vocab_size, max_ctx=ctx, pdl=pdl,
-                       noise_early=tuning.sample_noise_early), "sample")
+                       b.sample_work, vocab=cfg.vocab_size, max_ctx=ctx, pdl=pdl), "sample")
     return out
 
 

@@ -71,18 +71,16 @@ def sample_work_words(grid: int) -> int:
 
 
 def sample(logits, amax, state, tokens, ring, lp_ring, counts, window, work, *, vocab: int, max_ctx: int,
-           pdl: bool = False, noise_early: bool = True) -> Launch:
+           pdl: bool = False) -> Launch:
     """Pick the next token (engine/sampling.py's rule), advance the state and write the host rings.
 
     tokens [max_ctx] int32: the context, the sampler appends to it; ring [R] and lp_ring [R, SAMPLE_LP_WORDS]
     int32: host-mapped rings (device addresses); counts, window [vocab] int32: penalty counts;
-    work: uint64 [sample_work_words(grid)], zero before the first launch. noise_early: the state is read and
-    the Gumbel noise made before the PDL wait (else after it, as a plain launch would).
+    work: uint64 [sample_work_words(grid)], zero before the first launch.
     """
     grid, per = sample_shape(vocab, sm_count())
     mod = module("sample", BLOCK=SAMPLE_BLOCK, PER_THREAD=per, BLOCKS=grid, MAX_RECORDS=SAMPLE_MAX_RECORDS,
-                 MAX_LOGPROBS=SAMPLE_MAX_LOGPROBS, LP_WORDS=SAMPLE_LP_WORDS, WORK_WORDS=sample_work_words(grid),
-                 **({} if noise_early else {"NOISE_EARLY": 0}))
+                 MAX_LOGPROBS=SAMPLE_MAX_LOGPROBS, LP_WORDS=SAMPLE_LP_WORDS, WORK_WORDS=sample_work_words(grid))
     return mod.function("sample", "PPPPPPPPPii").prepare(
         grid, SAMPLE_BLOCK, [logits, amax, state, tokens, ring, lp_ring, counts, window, work, vocab, max_ctx],
         pdl=pdl)

@@ -6,14 +6,12 @@
 // per list and round) and hands them out; every block then counts the tokens and integer masses above
 // each record's z (only what top-k and top-p need); the last block to finish takes the first record
 // that top-k, top-p and min-p keep. No sort, no block-wide barrier per round, and the cost hardly
-// depends on the filters. The state is read and the Gumbel noise made before the PDL wait (NOISE_EARLY),
-// while the lm_head finishes. Sums are integers (exact in any order) and exp/log use correctly rounded float
+// depends on the filters. Sums are integers (exact in any order) and exp/log use correctly rounded float
 // operations only, so the numpy sampler draws the same tokens.
 // The blocks wait for the merging one: all BLOCKS must be resident at once (BLOCKS <= the SM count; see
 // ops.sample).
 // budget: sample=80
 // defines: BLOCK=512 PER_THREAD=3 BLOCKS=99 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=15017
-// defines: BLOCK=512 PER_THREAD=3 BLOCKS=99 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=15017 NOISE_EARLY=0
 #include "reduce.cuh"
 
 #define SLICE (BLOCK * PER_THREAD)
@@ -22,9 +20,6 @@
 #define PRELOAD 16                  // entries of each block's records gathered at once in the final merge
 #ifndef MERGE_GROUPS
 #define MERGE_GROUPS BLOCK_WARPS    // warps that merge the blocks' lists in the final merge's first level
-#endif
-#ifndef NOISE_EARLY
-#define NOISE_EARLY 1
 #endif
 #define CUT 24.0f                   // engine/sampling.py CUT
 #define MASS_FLOOR (-28.0f)         // engine/sampling.py MASS_FLOOR
@@ -53,19 +48,6 @@ static_assert(BLOCKS * MAX_LOGPROBS <= POOL, "the top-n merge gathers every bloc
 static_assert(2 * MAX_RECORDS < BLOCK && PRELOAD <= MAX_RECORDS, "the overall records come in one wave");
 static_assert(MERGE_GROUPS >= 1 && MERGE_GROUPS <= BLOCK_WARPS, "a warp per group of block lists");
 static_assert(3 + 2 * MAX_LOGPROBS <= LP_WORDS, "a log-probability slot holds the token, its logprob, n and the top n");
-
-// the decode state from L2, 8 bytes at a time
-__device__ __forceinline__ DecodeState ld_state_l2(const DecodeState* st) {
-    static_assert(sizeof(DecodeState) % 8 == 0, "the state is read in 8-byte words");
-    union {
-        DecodeState s;
-        unsigned long long w[sizeof(DecodeState) / 8];
-    } u;
-#pragma unroll
-    for (int j = 0; j < (int)(sizeof(DecodeState) / 8); ++j)
-        u.w[j] = __ldcg(reinterpret_cast<const unsigned long long*>(st) + j);
-    return u.s;
-}
 
 __device__ __forceinline__ float rng_u(unsigned long long seed, unsigned long long step, unsigned long long i) {
     unsigned long long x = seed * 0x9E3779B97F4A7C15ull + step * 0xD1B54A32D192ED03ull + i;
@@ -368,28 +350,18 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __shared__ int warp_n[BLOCK_WARPS], pool_n[BLOCKS];
     __shared__ int n_shared, is_last, merging;
     __shared__ unsigned long long launch_no;
-    // NOISE_EARLY: before the PDL wait, while the lm_head finishes, the state, which only the previous step's
-    // launch of this kernel (or the host, before the graph ran) writes, read from L2 (an L1 line could hold
-    // the previous step's), and the Gumbel noise, which needs nothing but its seed and step
-    if (!NOISE_EARLY) pdl_enter();
-    const DecodeState S = NOISE_EARLY ? ld_state_l2(st) : *st;
+    pdl_enter();
+    const DecodeState S = *st;
+    const unsigned long long raw_best = *amax;
     const int pos = S.pos, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const bool in_prompt = pos + 1 < S.prompt_len;
     const bool greedy = !(S.temperature > 0.f);
-    const int base = blockIdx.x * SLICE;
-    float noise[PER_THREAD];
-#pragma unroll
-    for (int e = 0; e < PER_THREAD; ++e) {
-        const int i = base + e * BLOCK + tid;
-        noise[e] = !in_prompt && !greedy && i < vocab ? log_f32(-log_f32(rng_u(S.seed, S.step, (unsigned long long)i))) : 0.f;
-    }
-    if (NOISE_EARLY) pdl_enter();
-    const unsigned long long raw_best = *amax;
     const bool repeat = S.flags & STATE_REPEAT, counted = S.flags & STATE_COUNTS;
     const bool want_lp = S.logprobs >= 0 && !in_prompt;
     const bool by_count = S.top_k > 0, by_mass = S.top_p < 1.f;
     // min-p alone needs only the records: the merging block finishes right after the merge
     const bool direct = !in_prompt && !greedy && !by_count && !by_mass && !want_lp;
+    const int base = blockIdx.x * SLICE;
     unsigned long long* mine = work + W_BLOCKS + blockIdx.x * BLOCK_WORDS;
     const float raw_max = val_of((unsigned)(raw_best >> 32));
     int n_rec = 0;
@@ -464,7 +436,8 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 const int i = base + e * BLOCK + tid;
                 rk[e] = 0;
                 if (zk[e] && v[e] >= m_warp - CUT) {
-                    rk[e] = score_key(__fsub_rn(v[e], noise[e]), i);
+                    const float g = log_f32(-log_f32(rng_u(S.seed, S.step, (unsigned long long)i)));
+                    rk[e] = score_key(__fsub_rn(v[e], g), i);
                 }
             }
             MARK(1, blockIdx.x == 0)

@@ -65,5 +65,3 @@ class Tuning:
     prefill: PrefillTuning = field(default_factory=PrefillTuning)
     rope_warps: int = 4  # warps per rope_append block (one head each)
     splits: int | None = None  # attention splits; None: one full wave of resident blocks
-    # the sampler reads the state and makes its Gumbel noise before its PDL wait, while the lm_head finishes
-    sample_noise_early: bool = True
