@@ -316,13 +316,14 @@ def main():
         print(f"{'':24}{'tok/s':>10}{'ttft ms':>10}")
         print(f"{'without HTTP':24}{base['tok_s']:>10.1f}{base['ttft_ms']:>10.2f}")
         print(f"{'streamed (openai)':24}{tok_s:>10.1f}{ttft:>10.2f}")
-        log = log_path.read_text()
-        served = [float(m) for m in re.findall(r"ttft ([0-9.]+) ms", log)][-args.repeats:]
-        queued = [float(m) for m in re.findall(r"queued ([0-9.]+) ms", log)][-args.repeats:]
-        out = [float(m) for m in re.findall(r"first text written ([0-9.]+) ms", log)][-args.repeats:]
-        print(f"in the server ({args.stack} stack): handler to first token {statistics.median(served):.2f} ms, of "
-              f"which queued {statistics.median(queued):.2f} ms; first token to its text written "
-              f"{statistics.median(out):.2f} ms")
+        def logged(what: str, last: int) -> list[float]:
+            """The last `last` values (ms) the server logged after `what`."""
+            return [float(m) for m in re.findall(what + r" ([0-9.]+) ms", log_path.read_text())][-last:]
+
+        n = args.repeats
+        print(f"in the server ({args.stack} stack): handler to first token {statistics.median(logged('ttft', n)):.2f} "
+              f"ms, of which queued {statistics.median(logged('queued', n)):.2f} ms; first token to its text written "
+              f"{statistics.median(logged('first text written', n)):.2f} ms")
         raw = [raw_stream(port, msgs, 8) for _ in range(args.repeats + 1)][1:]
         raw_ttft = statistics.median(r["ttft_ms"] for r in raw)
         print(f"{'streamed (raw socket)':24}{'':>10}{raw_ttft:>10.2f}   (new connection each; no client library)")
@@ -344,9 +345,8 @@ def main():
         print("10-turn chat with prefix reuse, time to first token per turn (ms): "
               + " ".join(f"{t['ttft_ms']:.1f}" for t in turns))
         print("cached prompt tokens per turn: " + " ".join(str(t["cached"]) for t in turns))
-        served = [float(m) for m in re.findall(r"ttft ([0-9.]+) ms", log_path.read_text())][-CHAT_TURNS:]
         print("  of which in the server, from its handler to the first token (ms): "
-              + " ".join(f"{v:.1f}" for v in served))
+              + " ".join(f"{v:.1f}" for v in logged("ttft", CHAT_TURNS)))
         chat = base["chat"]
         print("the same chat without HTTP: render+tokenize ms " + " ".join(f"{r[0]:.1f}" for r in chat))
         print("  ids to first token ms " + " ".join(f"{r[1]:.1f}" for r in chat))
