@@ -1,6 +1,6 @@
 """Time the sampler kernel alone, per configuration, at the vocabularies of the bench shapes.
 
-    python3 dev/sample_bench.py [--launches N] [--prev] [--one-level] [--warp-level2]
+    python3 dev/sample_bench.py [--launches N] [--prev] [--one-level]
 
 Each configuration: N launches back to back (no graph, no PDL) on flat random logits (every token a
 candidate), microseconds per launch from CUDA events; then one launch of the PROFILE_AT build, whose block
@@ -9,8 +9,7 @@ records, the overall records released by the merging block, loaded, counts added
 end.
 --prev also times kernels/sample_prev.cu (an older kernel with the same arguments) when it is there;
 --one-level also times the kernel whose final merge is one warp over every block's list (MERGE_GROUPS=1)
-against the default two levels (16 warps over a few lists each, then the whole block over their 16 lists);
---warp-level2 also times the kernel whose second level is one warp walking the 16 lists (LEVEL2_WARP=1).
+against the default two levels (16 warps over a few lists each, then one warp over their 16 lists).
 """
 
 from __future__ import annotations
@@ -79,7 +78,6 @@ def main():
     ap.add_argument("--launches", type=int, default=400)
     ap.add_argument("--prev", action="store_true")
     ap.add_argument("--one-level", action="store_true")
-    ap.add_argument("--warp-level2", action="store_true")
     a = ap.parse_args()
     import cupy as cp
 
@@ -89,12 +87,10 @@ def main():
     sources = [("sample", {})] + ([("sample_prev", {})] if a.prev and Path("kernels/sample_prev.cu").exists() else [])
     if a.one_level:
         sources.append(("sample", {"MERGE_GROUPS": 1}))
-    if a.warp_level2:
-        sources.append(("sample", {"LEVEL2_WARP": 1}))
     for vocab in (128256, 151936):
         for name, params in CONFIGS.items():
-            times = "  ".join(f"{src}{''.join('/' + k.lower() for k in ex)} "
-                              f"{run(cp, src, vocab, params, a.launches, False, **ex):6.1f} us" for src, ex in sources)
+            times = "  ".join(f"{src}{'/1' if ex else ''} {run(cp, src, vocab, params, a.launches, False, **ex):6.1f}"
+                              " us" for src, ex in sources)
             marks = run(cp, "sample", vocab, params, a.launches, True)
             clk, ns = marks[:, 0].astype(np.int64), marks[:, 1].astype(np.int64)
             steps = "  ".join(f"{p} {clk[k + 1] - clk[k]:>6}" if clk[k + 1] and clk[k] else f"{p} -"

@@ -21,10 +21,6 @@
 #ifndef MERGE_GROUPS
 #define MERGE_GROUPS BLOCK_WARPS    // warps that merge the blocks' lists in the final merge's first level
 #endif
-#ifndef LEVEL2_WARP
-#define LEVEL2_WARP 0               // dev: the second level walked by one warp (merge_records) instead of frontier()
-#endif
-#define CANDIDATES (MERGE_GROUPS * MAX_RECORDS)  // entries of the groups' lists, at most
 #define CUT 24.0f                   // engine/sampling.py CUT
 #define MASS_FLOOR (-28.0f)         // engine/sampling.py MASS_FLOOR
 #define MASS_SCALE 0x1p40f          // 2^MASS_BITS
@@ -248,108 +244,6 @@ __device__ __forceinline__ int merge_group(const int* pool_n, const unsigned lon
         MERGE_GROUPS > 1 ? BLOCK_WARPS : 1);
 }
 
-// every thread of the block: the records over the groups' lists (list g: n[g] entries k[j][g], z[j][g]), into
-// out_k / out_z (zk ascending); returns their count. An entry is a record when no other entry has a larger key
-// and a z key as large (the lists hold no token twice), so the records are tested in parallel instead of found
-// round by round. Entries below the overall largest key's z key, or below the largest z key's key, lose to
-// those two and are dropped first; the rest (the candidates, in cand_k / cand_z) are tested against each other
-// by four slices of the block, and the records' order is their rank by key. dom: CANDIDATES bits;
-// surv_k / surv_z: CANDIDATES entries (the lists' storage, read before it is overwritten).
-__device__ int frontier(const int* n, unsigned long long (*k)[BLOCK_WARPS], unsigned (*z)[BLOCK_WARPS],
-                        unsigned long long* cand_k, unsigned* cand_z, unsigned* dom, int* counter,
-                        unsigned long long* out_k, unsigned* out_z) {
-    const int tid = threadIdx.x, lane = tid & 31;
-    // the largest key (a list's first entry) with its z key, and the largest z key (a list's last entry; on a
-    // tie the larger key) with its key
-    unsigned long long top_k = 0, zmax_k = 0;
-    unsigned top_z = 0, zmax_z = 0;
-#pragma unroll
-    for (int g = 0; g < MERGE_GROUPS; ++g) {
-        const int len = n[g];
-        if (len == 0) continue;
-        const unsigned long long hk = k[0][g];
-        if (hk > top_k) {
-            top_k = hk;
-            top_z = z[0][g];
-        }
-        const unsigned tz = z[len - 1][g];
-        const unsigned long long tk = k[len - 1][g];
-        if (tz > zmax_z || (tz == zmax_z && tk > zmax_k)) {
-            zmax_z = tz;
-            zmax_k = tk;
-        }
-    }
-    if (tid < CANDIDATES / 32) dom[tid] = 0u;
-    if (tid == 0) counter[0] = counter[1] = 0;
-    __syncthreads();
-    // the candidates, in any order
-#pragma unroll
-    for (int r = 0; r < (CANDIDATES + BLOCK - 1) / BLOCK; ++r) {
-        const int f = r * BLOCK + tid, j = f / MERGE_GROUPS, g = f % MERGE_GROUPS;
-        unsigned long long fk = 0;
-        unsigned fz = 0;
-        if (f < CANDIDATES && j < n[g]) {
-            fk = k[j][g];
-            fz = z[j][g];
-        }
-        const bool keep = fk != 0 && (fz > top_z || fk == top_k) && (fk > zmax_k || fk == zmax_k);
-        const unsigned mask = __ballot_sync(0xffffffffu, keep);
-        int at = 0;
-        if (lane == 0 && mask) at = atomicAdd(counter, __popc(mask));
-        at = __shfl_sync(0xffffffffu, at, 0) + __popc(mask & ((1u << lane) - 1u));
-        if (keep) {
-            cand_k[at] = fk;
-            cand_z[at] = fz;
-        }
-    }
-    __syncthreads();
-    const int nc = counter[0];
-    // thread (slice s, owner o): candidates o, o + BLOCK / 4, ... against slice s of all candidates
-    {
-        constexpr int OWNERS = BLOCK / 4;
-        const int s = tid / OWNERS, per = (nc + 3) / 4, f0 = s * per, f1 = min(nc, f0 + per);
-        for (int c = tid % OWNERS; c < nc; c += OWNERS) {
-            const unsigned long long ck = cand_k[c];
-            const unsigned cz = cand_z[c];
-            bool lost = false;
-#pragma unroll 4
-            for (int f = f0; f < f1; ++f) lost |= cand_k[f] > ck && cand_z[f] >= cz;
-            if (lost) atomicOr(dom + c / 32, 1u << (c % 32));
-        }
-    }
-    __syncthreads();
-    // the records, in any order, over the lists' storage
-    unsigned long long* surv_k = &k[0][0];
-    unsigned* surv_z = &z[0][0];
-#pragma unroll
-    for (int r = 0; r < (CANDIDATES + BLOCK - 1) / BLOCK; ++r) {
-        const int c = r * BLOCK + tid;
-        const bool keep = c < nc && !((dom[c / 32] >> (c % 32)) & 1u);
-        const unsigned mask = __ballot_sync(0xffffffffu, keep);
-        int at = 0;
-        if (lane == 0 && mask) at = atomicAdd(counter + 1, __popc(mask));
-        at = __shfl_sync(0xffffffffu, at, 0) + __popc(mask & ((1u << lane) - 1u));
-        if (keep) {
-            surv_k[at] = cand_k[c];
-            surv_z[at] = cand_z[c];
-        }
-    }
-    __syncthreads();
-    const int ns = counter[1];
-    // a record's place: the records with a larger key (and so a smaller z key) come first
-    for (int c = tid; c < ns; c += BLOCK) {
-        const unsigned long long ck = surv_k[c];
-        int rank = 0;
-        for (int f = 0; f < ns; ++f) rank += surv_k[f] > ck;
-        if (rank < MAX_RECORDS) {
-            out_k[rank] = ck;
-            out_z[rank] = surv_z[c];
-        }
-    }
-    __syncthreads();
-    return min(ns, MAX_RECORDS);
-}
-
 // double-buffered per-warp bests of a round: one barrier per round
 struct Rounds {
     unsigned long long k[2][BLOCK_WARPS];
@@ -451,21 +345,8 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             unsigned count[BLOCK_WARPS][MAX_RECORDS];
         } part;
     } per_warp;
-    // the merging block's gathered lists, then the second level's candidates
-    __shared__ union {
-        struct {
-            unsigned long long k[PRELOAD][BLOCKS];
-            unsigned z[PRELOAD][BLOCKS];
-        } pool;
-        struct {
-            unsigned long long k[CANDIDATES];
-            unsigned z[CANDIDATES];
-        } cand;
-    } gathered;
-    __shared__ unsigned dom[CANDIDATES / 32];
-    __shared__ int counter[2];
-    unsigned long long (&pool_k)[PRELOAD][BLOCKS] = gathered.pool.k;
-    unsigned (&pool_z)[PRELOAD][BLOCKS] = gathered.pool.z;
+    __shared__ unsigned long long pool_k[PRELOAD][BLOCKS];
+    __shared__ unsigned pool_z[PRELOAD][BLOCKS];
     __shared__ int warp_n[BLOCK_WARPS], pool_n[BLOCKS];
     __shared__ int n_shared, is_last, merging;
     __shared__ unsigned long long launch_no;
@@ -619,15 +500,10 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 }
                 if (MERGE_GROUPS > 1) __syncthreads();
                 MARK(10, true)
-                // the second level: the records over the groups' lists, by the whole block
-                int n2 = warp_n[0];
-                if (MERGE_GROUPS > 1 && !LEVEL2_WARP)
-                    n2 = frontier(warp_n, per_warp.rec.k, per_warp.rec.z, gathered.cand.k, gathered.cand.z, dom,
-                                  counter, rec_k, rec_z);
                 if (warp == 0) {
-                    const int n = MERGE_GROUPS > 1 && LEVEL2_WARP
+                    const int n = MERGE_GROUPS > 1
                         ? merge_warp_lists<MERGE_GROUPS>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z)
-                        : n2;
+                        : warp_n[0];
                     if (lane == 0) n_shared = n;
                     if (!direct) {
                         __syncwarp();
