@@ -27,21 +27,12 @@ VARIANTS = {
     "default": Tuning(),
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
     "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
-    # fewer GEMV blocks than resident slots: the next kernel's blocks start beside them and load early
-    "grid 2": Tuning(gemv=GemvTuning(grid_per_sm=2)),
-    "grid 3": Tuning(gemv=GemvTuning(grid_per_sm=3)),
 }
 QUANT_VARIANTS = {
     "default": Tuning(),
     "few rows 2": Tuning(gemv=GemvTuning(quant_few_rows=2)),
     "no part overlap": Tuning(gemv=GemvTuning(parts_overlap=False)),
     "w8 mb2": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2)),
-    # one block per SM where two fit: the next kernel's blocks start beside this one's and load early
-    "w8 mb2 g1": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2, quant_grid_per_sm=1)),
-    "w4 mb4 g2": Tuning(gemv=GemvTuning(quant_warps=4, quant_min_blocks=4, quant_grid_per_sm=2)),
-    "no prefetch": Tuning(gemv=GemvTuning(quant_prefetch=0)),
-    "prefetch 1": Tuning(gemv=GemvTuning(quant_prefetch=1)),
-    "prefetch 4": Tuning(gemv=GemvTuning(quant_prefetch=4)),
 }
 PLAN = {
     "llama3-8b": [0, 8192, 32768],

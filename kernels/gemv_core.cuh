@@ -39,13 +39,6 @@
 #ifndef XQ
 #define XQ 0
 #endif
-// PREFETCH (block formats, SPLIT_K 1): each warp copies the batches 1..PREFETCH of its first unit to shared
-// memory (cp.async) before the PDL wait, beside the first batch it loads into registers, so that more of
-// its weights are in flight while the previous kernel finishes; PREFETCH_ROW_BYTES: a row's copy (the host's
-// figure, checked against Fmt::Pre)
-#ifndef PREFETCH
-#define PREFETCH 0
-#endif
 
 constexpr int GROUPS = WARPS / SPLIT_K;  // units a block streams at once
 constexpr int CHUNKS = Fmt::CHUNKS;
@@ -69,16 +62,6 @@ static_assert(WARPS % SPLIT_K == 0, "SPLIT_K warps share a unit");
 
 typedef typename Fmt::Chunk Chunk;
 constexpr int X_ROW = Fmt::W / 4;  // float4s of x per chunk
-
-#if PREFETCH
-static_assert(SPLIT_K == 1 && XQ && BATCHES > 1, "prefetch: whole units, int8 x, more than one batch");
-constexpr int PRE_C0 = 32 * BATCH;
-constexpr int PRE_C1 = CHUNKS < 32 * BATCH * (1 + PREFETCH) ? CHUNKS : 32 * BATCH * (1 + PREFETCH);
-typedef typename Fmt::template Pre<PRE_C0, PRE_C1> PreRow;
-constexpr size_t PRE_ROW = (PreRow::BYTES + 15) / 16 * 16;
-static_assert(PRE_ROW == PREFETCH_ROW_BYTES, "kernels/gemv_ops.py prefetch_row_bytes disagrees with Fmt::Pre");
-constexpr size_t XQ_BYTES = (K + K / 32 * 8 + 15) / 16 * 16;  // the int8 x before the copies
-#endif
 
 // x by (chunk, float4 of the chunk): from shared memory (X_SMEM, gamma already applied) or from
 // global memory, with NORM scaled by gamma and its squares added to ss
@@ -209,20 +192,6 @@ __device__ __forceinline__ void load_batch(const unsigned char* const (&rp)[ROWS
     }
 }
 
-#if PREFETCH
-// batch b (1 <= b <= PREFETCH) of the first unit's rows from their copies at pre
-__device__ __forceinline__ void load_batch_pre(const unsigned char* pre, bool live, int b, int lane,
-                                               Chunk (&a)[BATCH][ROWS]) {
-#pragma unroll
-    for (int u = 0; u < BATCH; ++u) {
-        const int k = (b * BATCH + u) * 32 + lane;
-        const bool ok = live && (!RAGGED || k < CHUNKS);
-#pragma unroll
-        for (int j = 0; j < ROWS; ++j) a[u][j] = PreRow::load(pre + j * PRE_ROW, k, ok);
-    }
-}
-#endif
-
 template <class Epi>
 __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                             const float* __restrict__ gamma, float eps, Epi& epi) {
@@ -248,14 +217,6 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
         epi.rows(u < n ? u : 0, w, rp);
         // the first batch of weights streams in while the previous kernel finishes
         load_batch<true>(rp, u < n, 0, part, lane, a);
-#if PREFETCH
-        if (u < n) {
-#pragma unroll
-            for (int j = 0; j < ROWS; ++j)
-                PreRow::copy(rp[j], reinterpret_cast<unsigned char*>(xs) + XQ_BYTES + (warp * ROWS + j) * PRE_ROW, lane);
-        }
-        cp_async_commit();
-#endif
     }
     if (LATE_WAIT)
         pdl_launch();
@@ -268,11 +229,6 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
     const float x_rs = X_SMEM ? stage_x(xl.x4, xl.g4, eps, xs) : 1.0f;
 #endif
     epi.begin();
-#if PREFETCH
-    const unsigned char* pre = reinterpret_cast<const unsigned char*>(xs) + XQ_BYTES + warp * ROWS * PRE_ROW;
-    cp_async_wait_all();
-    __syncwarp();
-#endif
 #pragma unroll 1
     for (int j = 0; base < n; base += stride, ++j) {
         const int u = base + grp;
@@ -290,12 +246,7 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
             const unsigned char* np[ROWS];
             epi.rows(nu < n ? nu : 0, w, np);
             Chunk na[BATCH][ROWS];
-#if PREFETCH
-            if (j == 0 && b + 1 <= PREFETCH && !next_unit)
-                load_batch_pre(pre, true, b + 1, lane, na);
-            else
-#endif
-                load_batch<false>(np, nu < n, next_unit ? 0 : b + 1, part, lane, na);
+            load_batch<false>(np, nu < n, next_unit ? 0 : b + 1, part, lane, na);
 #pragma unroll
             for (int v = 0; v < BATCH; ++v) {
                 const int k = ((b * BATCH + v) * SPLIT_K + part) * 32 + lane;

@@ -55,14 +55,6 @@ __device__ __forceinline__ unsigned load2(const unsigned char* p) {
     return r;
 }
 
-// async 16-byte copies global -> shared (cp.async, no registers held while they fly)
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // ---- bf16 ----------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float dot8(const uint4 w, const float4 a, const float4 b, float acc) {
@@ -169,19 +161,6 @@ template <int N> struct Bytes { unsigned v; };  // 2 or 4 bytes
 template <> struct Bytes<0> {};
 template <> struct Bytes<8> { unsigned x, y; };
 
-// N bytes at p in shared memory, or zeros when !ok
-template <int N>
-__device__ __forceinline__ Bytes<N> smem_bytes(const unsigned char* p, bool ok) {
-    Bytes<N> r;
-    if constexpr (N == 2) r.v = ok ? *reinterpret_cast<const unsigned short*>(p) : 0u;
-    if constexpr (N == 4) r.v = ok ? *reinterpret_cast<const unsigned*>(p) : 0u;
-    if constexpr (N == 8) {
-        r.x = ok ? reinterpret_cast<const unsigned*>(p)[0] : 0u;
-        r.y = ok ? reinterpret_cast<const unsigned*>(p)[1] : 0u;
-    }
-    return r;
-}
-
 // N bytes at p, or zeros when !ok (a select per register: a select of whole structs can put them
 // in local memory)
 template <int N, bool EARLY>
@@ -222,43 +201,6 @@ struct QuantRows {
         c.d = load_bytes<DB, EARLY>(row + D_OFF + (size_t)DB * (k / PER_BLOCK), ok);
         return c;
     }
-
-    // A copy of chunks [C0, C1) of a row in shared memory (gemv_core.cuh PREFETCH): each plane's bytes of
-    // those chunks, the range widened to 16-byte boundaries (rows are 16-byte aligned and padded), one plane
-    // after another. kernels/gemv_ops.py prefetch_row_bytes computes BYTES too.
-    static constexpr size_t down16(size_t a) { return a / 16 * 16; }
-    static constexpr size_t up16(size_t a) { return (a + 15) / 16 * 16; }
-    template <int C0, int C1>
-    struct Pre {
-        static_assert(0 <= C0 && C0 < C1 && C1 <= CHUNKS, "a range of the row's chunks");
-        static constexpr size_t Q0 = 16 * (size_t)C0, Q1 = 16 * (size_t)C1;
-        static constexpr size_t H0 = down16(H_OFF + (size_t)HB * C0), H1 = HB ? up16(H_OFF + (size_t)HB * C1) : H0;
-        static constexpr size_t S0 = down16(S_OFF + (size_t)SB * C0), S1 = SB ? up16(S_OFF + (size_t)SB * C1) : S0;
-        static constexpr size_t D0 = down16(D_OFF + (size_t)DB * (C0 / PER_BLOCK));
-        static constexpr size_t D1 = up16(D_OFF + (size_t)DB * ((C1 - 1) / PER_BLOCK + 1));
-        static constexpr size_t QS = 0, HS = Q1 - Q0, SS = HS + (H1 - H0), DS = SS + (S1 - S0);
-        static constexpr size_t BYTES = DS + (D1 - D0);
-
-        // one warp: the copies, 16 bytes a lane at a time
-        static __device__ __forceinline__ void copy(const unsigned char* row, unsigned char* to, int lane) {
-            span(row + Q0, to + QS, Q1 - Q0, lane);
-            span(row + H0, to + HS, H1 - H0, lane);
-            span(row + S0, to + SS, S1 - S0, lane);
-            span(row + D0, to + DS, D1 - D0, lane);
-        }
-        static __device__ __forceinline__ void span(const unsigned char* from, unsigned char* to, size_t n, int lane) {
-            for (size_t i = 16 * (size_t)lane; i < n; i += 512) cp_async16(to + i, from + i);
-        }
-        // chunk k (C0 <= k < C1) from the copy at s
-        static __device__ __forceinline__ Chunk load(const unsigned char* s, int k, bool ok) {
-            Chunk c;
-            c.q = ok ? *reinterpret_cast<const uint4*>(s + QS + 16 * (size_t)(k - C0)) : make_uint4(0u, 0u, 0u, 0u);
-            if constexpr (HB > 0) c.h = smem_bytes<HB>(s + HS + (H_OFF + (size_t)HB * k - H0), ok);
-            if constexpr (SB > 0) c.s = smem_bytes<SB>(s + SS + (S_OFF + (size_t)SB * k - S0), ok);
-            c.d = smem_bytes<DB>(s + DS + (D_OFF + (size_t)DB * (k / PER_BLOCK) - D0), ok);
-            return c;
-        }
-    };
 };
 
 // The 4-bit family: 32 weights per chunk; word i of Q holds weights 8i..8i+3 in its low nibbles and

@@ -105,16 +105,13 @@ def rows_per_unit(w, n_out: int, k: int, epi: Epilogue, tuning: GemvTuning, pair
     return 2 if pair and epi in (EPI_STORE, EPI_ADD) else 1
 
 
-def grid_for(groups: int, min_blocks: int, tuning: GemvTuning, blocks: int | None = None, per_sm: int = 0) -> int:
-    """Blocks for `groups` blocks' worth of units: at most `blocks` (default per_sm blocks per SM, or
-    tuning.waves per resident slot); units stride over the grid."""
+def grid_for(groups: int, min_blocks: int, tuning: GemvTuning, blocks: int | None = None) -> int:
+    """Blocks for `groups` blocks' worth of units: at most `blocks` (default tuning.waves per resident
+    slot); units stride over the grid."""
     if blocks is None:
-        if per_sm:
-            blocks = per_sm * sm_count()
-        elif not tuning.waves:
+        if not tuning.waves:
             return groups
-        else:
-            blocks = tuning.waves * min_blocks * sm_count()
+        blocks = tuning.waves * min_blocks * sm_count()
     return max(1, min(groups, blocks))
 
 
@@ -176,8 +173,7 @@ def _launch_shape(w, units: int, k: int, tuning: GemvTuning, splitk: int | None,
     s = splitk or split_k(units, k // chunk, quant, tuning)
     if s > tuning.warps or tuning.warps % s:
         raise ValueError(f"split_k {s} does not divide {tuning.warps} warps")
-    per_sm = tuning.quant_grid_per_sm if quant else tuning.grid_per_sm
-    grid = grid_for(math.ceil(units / (tuning.warps // s)), min_blocks, tuning, blocks, per_sm)
+    grid = grid_for(math.ceil(units / (tuning.warps // s)), min_blocks, tuning, blocks)
     return s, min_blocks, grid, x_smem_bytes(w, k, tuning)
 
 
@@ -211,66 +207,18 @@ def _unroll(w, rows: int, tuning: GemvTuning) -> int:
     return max(1, 8 // rows)
 
 
-def _pick_unroll(iters: int, cap: int) -> int:
-    """gemv_core.cuh pick_unroll: loads per batch."""
-    if iters <= cap:
-        return iters
-    return next((u for u in range(cap, cap // 2, -1) if iters % u == 0), cap)
-
-
-def _up16(n: int) -> int:
-    return (n + 15) // 16 * 16
-
-
-def prefetch_row_bytes(fmt: str, k: int, c0: int, c1: int) -> int:
-    """Shared memory of a copy of chunks [c0, c1) of a row (gemv_formats.cuh QuantRows::Pre): each plane's
-    bytes of those chunks, widened to 16-byte boundaries."""
-    lay = row_layout(fmt, k)
-    f = lay.fmt
-    per_block = f.block // f.chunk
-
-    def span(off: int, size: int, a: int, b: int) -> int:
-        return _up16(off + size * b) - (off + size * a) // 16 * 16 if size else 0
-
-    d0, d1 = lay.d_off + f.d_bytes * (c0 // per_block), lay.d_off + f.d_bytes * ((c1 - 1) // per_block + 1)
-    d = _up16(d1) - d0 // 16 * 16
-    return _up16(16 * (c1 - c0) + span(lay.h_off, f.h_bytes, c0, c1) + span(lay.s_off, f.s_bytes, c0, c1) + d)
-
-
-def _prefetch(w, k: int, rows: int, unroll: int, s: int, smem: int, tuning: GemvTuning) -> tuple[dict, int]:
-    """(defines, shared memory bytes) of the first unit's prefetch (gemv_core.cuh PREFETCH): none unless the
-    tuning asks for it and the kernel streams whole int8-x units of more than one batch; fewer batches
-    where the copies would not fit beside x."""
-    if not (is_quant(w) and tuning.quant_prefetch and tuning.quant_int8_x and s == 1 and k > SHORT_ROW and unroll):
-        return {}, smem
-    chunks = k // fmt_of(w.fmt).chunk
-    iters = math.ceil(chunks / 32)
-    batch = _pick_unroll(iters, unroll)
-    if math.ceil(iters / batch) < 2:
-        return {}, smem
-    for p in range(tuning.quant_prefetch, 0, -1):
-        c1 = min(chunks, 32 * batch * (1 + p))
-        row = prefetch_row_bytes(w.fmt, k, 32 * batch, c1)
-        total = _up16(smem) + tuning.warps * rows * row
-        if total * tuning.quant_min_blocks <= SMEM_PER_SM:
-            return {"PREFETCH": p, "PREFETCH_ROW_BYTES": row}, total
-    return {}, smem
-
-
-def _quant_module(source: str, rows: int, unroll: int, prefetch, **defines):
-    """(module, rows, shared memory bytes) for these defines. A block format whose ROWS rows and UNROLL
-    loads per warp do not fit the register cap without local memory (ptxas decides per shape) takes one
-    load per batch fewer at a time, then 2 rows per warp. prefetch(rows, unroll) -> (defines, shared
-    memory bytes) of the first unit's prefetch at that shape."""
+def _quant_module(source: str, rows: int, unroll: int, **defines):
+    """(module, rows) for these defines. A block format whose ROWS rows and UNROLL loads per warp do not
+    fit the register cap without local memory (ptxas decides per shape) takes one load per batch fewer
+    at a time, then 2 rows per warp."""
     from kernels.compiler import KernelCompileError
 
     tries = [(rows, u) for u in range(unroll, 0, -1)] or [(rows, 0)]
     if rows > 2:
         tries.append((2, unroll))
     for i, (r, u) in enumerate(tries):
-        pre, smem = prefetch(r, u)
         try:
-            return module(source, ROWS=r, **({"UNROLL": u} if u else {}), **pre, **defines), r, smem
+            return module(source, ROWS=r, **({"UNROLL": u} if u else {}), **defines), r
         except KernelCompileError as e:
             if i + 1 == len(tries) or "local memory" not in str(e):
                 raise
@@ -302,14 +250,12 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
     for _ in range(2):
         per_unit = rows // 2 if epi == EPI_SILU else rows
         units = math.ceil(n_out / per_unit)
-        s, min_blocks, grid, smem0 = _launch_shape(w, units, k, tuning, splitk, blocks)
-        mod, got, smem = _quant_module(source, rows, _unroll(w, rows, tuning),
-                                       lambda r, u, s=s, smem0=smem0: _prefetch(w, k, r, u, s, smem0, tuning),
-                                       K=k, EPILOGUE=epi.define,
+        s, min_blocks, grid, smem = _launch_shape(w, units, k, tuning, splitk, blocks)
+        mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=epi.define,
                                  NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks,
                                  ARGMAX=int(amax is not None), WARPS=tuning.warps,
-                                 **_quant_defines(w, tuning, smem0), **_late(late_wait))
+                                 **_quant_defines(w, tuning, smem), **_late(late_wait))
         if got == rows:
             break
         rows = got  # fewer rows per warp: the grid and split follow
@@ -336,13 +282,11 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
         rows = 2
     source, suffix, _ = _source(w)
     for _ in range(2):
-        s, min_blocks, grid, smem0 = _launch_shape(w, n_pairs // (rows // 2), k, tuning, splitk, blocks)
-        mod, got, smem = _quant_module(source, rows, _unroll(w, rows, tuning),
-                                       lambda r, u, s=s, smem0=smem0: _prefetch(w, k, r, u, s, smem0, tuning), K=k,
-                                       EPILOGUE=Epilogue.ROPE.define,
+        s, min_blocks, grid, smem = _launch_shape(w, n_pairs // (rows // 2), k, tuning, splitk, blocks)
+        mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=Epilogue.ROPE.define,
                                  NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks, HEAD_DIM=hd,
-                                 WARPS=tuning.warps, **_quant_defines(w, tuning, smem0), **_late(late_wait))
+                                 WARPS=tuning.warps, **_quant_defines(w, tuning, smem), **_late(late_wait))
         if got == rows:
             break
         rows = got

@@ -11,9 +11,6 @@ class GemvTuning:
     min_blocks: int = 4  # blocks per SM the register cap allows (warps * min_blocks resident warps)
     rows: int = 4  # rows per warp for many short rows (a small model's lm_head)
     waves: int = 1  # grid = waves blocks per resident slot, rows striding over it; 0: one block per row group
-    # blocks per SM of the grid (0: every resident slot, waves times over). Fewer than the slots leaves room for
-    # the next kernel's blocks, which start (PDL) and load their first weights while this one streams
-    grid_per_sm: int = 0
     quant_rows: int = 2  # rows per warp of the block-format GEMVs (each x load serves them all)
     # ... where quant_rows rows per warp would leave each warp at most one unit (an 8B's 4096-row o_proj and
     # down) and the format has below 8 bits per weight: two units per warp keep each warp streaming
@@ -30,9 +27,6 @@ class GemvTuning:
     # a projection stored as parts of several formats (a Q4_K_M layer's Q6_K v beside Q4_K q and k) runs one
     # launch per part; each part after the first streams without waiting for the one before (LATE_WAIT)
     parts_overlap: bool = True
-    quant_grid_per_sm: int = 0  # grid_per_sm of the block-format GEMVs
-    # batches of a warp's first unit (after the one in registers) copied to shared memory before the PDL wait
-    quant_prefetch: int = 2
 
 
 # the fp32-x block-format GEMVs in the shape they were tuned in (their unpacking needs 168 registers)
