@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from cli.generate import _valid_text
 from cli.main import app
 from cli.sampling_options import sampling_options
 from engine.errors import GDecodeError
@@ -48,10 +49,11 @@ def _reply(engine: ServingEngine, ids: list[int], params: SamplingParams) -> tup
 
 
 def _read(prompt: str) -> str | None:
-    """One line of input; None at end of input. Ctrl-C at the prompt just asks again."""
+    """One line of input (invalid UTF-8 read as U+FFFD); None at end of input. Ctrl-C at the prompt
+    just asks again."""
     while True:
         try:
-            return input(prompt)
+            return _valid_text(input(prompt), "the message")
         except EOFError:
             return None
         except KeyboardInterrupt:
@@ -82,12 +84,14 @@ def chat(
     llm = engine.start()
     if llm.tokenizer.chat_template is None:
         raise GDecodeError(f"{model}: the model has no chat template")
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="surrogateescape")  # invalid bytes reach _read, not a decode error
     tty = sys.stdin.isatty()
     if tty:
         import readline  # noqa: F401  (line editing and history for input())
 
         _say(f"chatting with {Path(model).resolve().name} ({llm.backend.name}); {HELP}")
-    start = [{"role": "system", "content": system}] if system is not None else []
+    start = [{"role": "system", "content": _valid_text(system, "--system")}] if system is not None else []
     history = list(start)
     try:
         while (line := _read("> " if tty else "")) is not None:

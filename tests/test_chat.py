@@ -63,6 +63,18 @@ def test_too_long_a_message_is_an_error_and_chat_goes_on(tiny):
     assert len(STATS.findall(r.stderr)) == 1
 
 
+def test_invalid_utf8_in_a_message_or_the_system_message_is_replaced(tiny):
+    # stdin is strict UTF-8 under ENV (PYTHONIOENCODING=utf-8); the argument reaches Python as surrogates
+    cmd = gdecode_cmd("chat", "--model", tiny, "--backend", "numpy", "--temperature", "0", "-n", "2",
+                      "--system", os.fsdecode(b"be \xff brief"))
+    r = subprocess.run(cmd, cwd=ROOT, env=ENV, input=b"hi \xfe\xff there\n", capture_output=True, timeout=300)
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 0, err
+    assert "Traceback" not in err and "error:" not in err
+    assert "warning: --system is not valid UTF-8" in err
+    assert "warning: the message is not valid UTF-8" in err
+
+
 def test_system_needs_chat_in_generate(tiny):
     r = subprocess.run(gdecode_cmd("generate", "x", "--model", tiny, "--backend", "numpy", "--system", "s"),
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
