@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -34,6 +35,7 @@ RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.25
 INLINE_TOKENIZE = 16384  # characters tokenized on the event loop itself (well under a millisecond)
 WEB = Path(__file__).resolve().parent / "web"
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 FAILED_STATUS = {"invalid": 400, "shutdown": 503, "internal": 500}
 log = logging.getLogger("gdecode.serve")
 
@@ -73,9 +75,17 @@ async def read_json(request: HttpRequest) -> object:
     if seen > MAX_BODY or declared > MAX_BODY:
         raise ApiError(413, f"the request body is larger than {MAX_BODY // 2**20} MB", code="request_too_large")
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    # a \uD800-\uDFFF escape (or a UTF-16/32 body) may decode to a lone surrogate, which no text can hold
+    if _SURROGATE.search(body) or b"\0" in body[:4]:
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, "the request body is not valid Unicode: a \\u escape is a lone UTF-16 surrogate "
+                           "(\\uD800-\\uDFFF without its pair)") from None
+    return data
 
 
 def create_app(engine: ServingEngine, model_id: str) -> FastAPI:

@@ -215,6 +215,25 @@ def test_bad_requests_get_openai_errors(server, tiny):
     assert chat(server.client(), user, max_tokens=2).usage.completion_tokens <= 2
 
 
+def test_lone_surrogates_and_deep_nesting_are_bad_requests(server):
+    # JSON may spell a lone UTF-16 surrogate as an escape; no text holds one (the tokenizer, the reply)
+    lone = "x\ud800y"
+    check_error(server, {"messages": [{"role": "user", "content": lone}]}, 400, "surrogate")
+    check_error(server, {"messages": [{"role": "user", "content": [{"type": "text", "text": lone}]}]}, 400,
+                "surrogate")
+    check_error(server, {"messages": [{"role": "user", "content": "hi"}], "model": lone}, 400, "surrogate")
+    got, answer, _ = server.post("/v1/completions", {"prompt": lone, "max_tokens": 2})
+    assert got == 400 and "surrogate" in answer["error"]["message"], answer
+    body = json.dumps({"prompt": lone, "max_tokens": 2}).encode("utf-16-le")
+    got, answer, _ = server.post("/v1/completions", body)
+    assert got == 400 and "surrogate" in answer["error"]["message"], answer
+    check_error(server, '{"messages": [], "x": ' + "[" * 100_000 + "]" * 100_000 + "}", 400, "not valid JSON")
+    # a surrogate pair is one character, and fine
+    got, answer, _ = server.post("/v1/completions", '{"prompt": "hi \\ud83d\\ude00", "max_tokens": 2}')
+    assert got == 200, answer
+    assert "Traceback" not in server.log()
+
+
 def test_bad_requests_through_the_client(server):
     c = server.client()
     with pytest.raises(openai.NotFoundError):
