@@ -37,6 +37,7 @@ GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (1/T would overfl
 CUT = np.float32(24.0)  # the Gumbel noise spans less than 20: a token this far below the best never wins
 MASS_BITS = 40
 MASS_FLOOR = np.float32(-28.0)  # exp(-28) * 2^40 < 1: a token this far below the best has mass 0
+F32_MAX, F32_TINY = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)
 
 
 def _is_int(v) -> bool:
@@ -45,6 +46,11 @@ def _is_int(v) -> bool:
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_f32(v) -> bool:
+    """A number the samplers can hold: both apply it in float32, where 1e39 is already Inf."""
+    return _is_number(v) and math.isfinite(v) and abs(v) <= F32_MAX
 
 
 @dataclass(frozen=True)
@@ -76,8 +82,8 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self):
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise GDecodeError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= F32_MAX):
+            raise GDecodeError(f"temperature must be a finite float32 number >= 0, got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise GDecodeError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
@@ -94,15 +100,16 @@ class SamplingParams:
         object.__setattr__(self, "stop", stop)
         if not (_is_number(self.min_p) and 0.0 <= self.min_p <= 1.0):
             raise GDecodeError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
-        if not (_is_number(self.repeat_penalty) and math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
-            raise GDecodeError(f"repeat_penalty must be a finite number > 0 (1 = off), got {self.repeat_penalty}")
+        if not (_is_f32(self.repeat_penalty) and self.repeat_penalty >= F32_TINY):
+            raise GDecodeError(f"repeat_penalty must be a finite float32 number > 0, at least {F32_TINY:.3g} "
+                               f"(1 = off), got {self.repeat_penalty}")
         if not _is_int(self.repeat_last_n) or self.repeat_last_n < -1:
             raise GDecodeError(f"repeat_last_n must be an integer >= 0, or -1 for the whole context, "
                                f"got {self.repeat_last_n}")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            if not (_is_number(v) and math.isfinite(v)):
-                raise GDecodeError(f"{name} must be a finite number (0 = off), got {v}")
+            if not _is_f32(v):
+                raise GDecodeError(f"{name} must be a finite float32 number (0 = off), got {v}")
         if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
             raise GDecodeError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 

@@ -89,6 +89,11 @@ def test_uniform_ends():
         {"presence_penalty": float("nan")},
         {"frequency_penalty": float("-inf")},
         {"frequency_penalty": "1"},
+        {"repeat_penalty": 1e39},  # past float32, where both samplers apply it
+        {"repeat_penalty": 1e-300},  # float32 0: l / penalty is Inf
+        {"presence_penalty": 1e300},
+        {"frequency_penalty": -1e39},
+        {"temperature": 1e300},
         {"logprobs": -1},
         {"logprobs": 21},
         {"logprobs": 2.5},
@@ -105,7 +110,8 @@ def test_bad_params_raise(kw):
     "kw",
     [{"seed": 0}, {"seed": 2**64 - 1}, {"max_new_tokens": 1}, {"min_p": 0.0}, {"min_p": 1.0},
      {"repeat_penalty": 0.5}, {"repeat_last_n": -1}, {"repeat_last_n": 0},
-     {"presence_penalty": -2.0}, {"frequency_penalty": 2.0}, {"logprobs": 0}, {"logprobs": 20}],
+     {"presence_penalty": -2.0}, {"frequency_penalty": 2.0}, {"logprobs": 0}, {"logprobs": 20},
+     {"repeat_penalty": 1e38}, {"repeat_penalty": 1e-37}, {"presence_penalty": -3e38}, {"temperature": 3e38}],
 )
 def test_edge_params_are_accepted(kw):
     assert getattr(SamplingParams(**kw), next(iter(kw))) == next(iter(kw.values()))
