@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import queue
 import signal
 import sys
@@ -78,6 +79,8 @@ def chat(
     """Chat with the model in the terminal. The conversation stays in the KV cache between turns,
     so each turn prefills only its new tokens."""
     params = SamplingParams(seed=seed, max_new_tokens=max_new_tokens, **sampling)
+    # a reply that fails ends chat with its own error line: the engine's warning would repeat it
+    logging.getLogger("gdecode.serve").setLevel(logging.ERROR)
     engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph,
                                        quantize=quantize),
                            max_waiting=1)

@@ -154,6 +154,12 @@ def test_non_finite_weight_stops_at_step_0(tiny, tmp_path, value):
         assert_one_line_error(r, "step 0", "numpy", "NaN or Inf")
 
 
+def test_non_finite_logits_end_chat_with_one_line(tiny, tmp_path):
+    d = _poison(tiny, tmp_path / "m", "model.layers.0.mlp.down_proj.weight", 5, float("nan"))
+    r = gdecode("chat", "--model", d, "--backend", "numpy", stdin="hello world\n")
+    assert_one_line_error(r, "step 0", "numpy", "NaN or Inf")
+
+
 def test_non_finite_logits_name_the_step(tiny, tmp_path):
     tok = Tokenizer.from_dir(tiny)
     ref = reference_greedy(tiny, "hello world", 20)
