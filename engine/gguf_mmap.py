@@ -84,7 +84,9 @@ def read_gguf(path: str | Path) -> GGUFFile:
     """Parse a GGUF file's header; GDecodeError (one line, naming the file) on any problem."""
     path = Path(path)
     if not path.is_file():
-        raise GDecodeError(f"{path}: no such file")
+        what = "no such file" if not path.exists() else "a directory, not a GGUF file" if path.is_dir() \
+            else "not a regular file"
+        raise GDecodeError(f"{path}: {what}")
     size = path.stat().st_size
     with open(path, "rb") as f:
         magic = f.read(4)

@@ -1,5 +1,6 @@
 """The GGUF header reader against gguf.GGUFReader, and its one-line errors."""
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,10 @@ def test_not_gguf_and_missing(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"PK\x03\x04 zip, not gguf")
     _error(tmp_path / "x.gguf", "not a GGUF file")
     _error(tmp_path / "none.gguf", "no such file")
+    (tmp_path / "d.gguf").mkdir()
+    _error(tmp_path / "d.gguf", "a directory")
+    os.mkfifo(tmp_path / "f.gguf")
+    _error(tmp_path / "f.gguf", "not a regular file")
 
 
 def test_version_and_unknown_type(tiny_gguf, tmp_path):
