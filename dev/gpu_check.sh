@@ -52,6 +52,27 @@ except Exception as e:
     print("driver/nvrtc:", type(e).__name__, e)
 EOF
 
+section "packages"
+# what the tests and serve_bench import beyond the image's own packages: a missing one fails them all, so
+# it is named here first (where they are not installed, pip install them from wheels before this script)
+if missing=$("$PY" -c '
+import importlib
+bad = []
+for name in ("gguf", "fastapi", "uvicorn", "httptools", "uvloop", "openai", "pytest"):
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        bad.append(f"{name} ({type(e).__name__}: {e})")
+print("; ".join(bad) or "all importable")
+raise SystemExit(1 if bad else 0)
+' 2>&1); then
+    echo "$missing"
+    record "packages" "$missing"
+else
+    echo "$missing"
+    fail "packages" "FAILED: $missing"
+fi
+
 section "pytest -m gpu"
 rm -f "$LOGS/pytest.xml"
 WORKERS=()

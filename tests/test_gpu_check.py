@@ -61,3 +61,22 @@ def test_gpu_check_fails_when_every_gpu_test_skips(tmp_path):
     row = next(line for line in summary.splitlines() if line.startswith("pytest -m gpu"))
     assert "no test ran: 2 skipped" in row, summary
     assert r.returncode != 0
+
+
+def test_gpu_check_names_a_package_that_does_not_import(tmp_path):
+    # an openai that cannot import (as when a wheel it needs is missing) shadows the real one
+    fake = tmp_path / "site" / "openai"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'sniffio'\")\n")
+    tests = tmp_path / "gpu_tests"
+    tests.mkdir()
+    (tests / "test_x.py").write_text("import pytest\n\npytestmark = pytest.mark.gpu\n\n" + BODIES["passed"])
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_TESTS": str(tests), "PYTHON": sys.executable,
+           "PYTHONPATH": str(tmp_path / "site"), "GDECODE_BENCH_ARGS": "--shape smollm2-135m --tests tg128",
+           "GPU_CHECK_BENCH_TIMEOUT": "60"}
+    r = subprocess.run(["bash", str(ROOT / "dev" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    summary = r.stdout[r.stdout.rindex("==== summary ===="):]
+    row = next(line for line in summary.splitlines() if line.startswith("packages"))
+    assert "FAILED: openai (ModuleNotFoundError: No module named 'sniffio')" in row, summary
+    assert "gguf" not in row and r.returncode != 0
