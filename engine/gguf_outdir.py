@@ -93,7 +93,8 @@ def temp_dir(outdir: Path, source: str) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.gdecode-{os.getpid()}-", suffix=".tmp",
                                     dir=outdir.parent))
     except OSError as e:
-        raise GDecodeError(f"cannot write {outdir}: {e.strerror or e}") from None
+        what = next((f"{p} is a file, not a folder" for p in outdir.parents if os.path.isfile(p)), e.strerror or e)
+        raise GDecodeError(f"cannot write {outdir}: {what}") from None
     try:
         tmp.chmod(0o755)
         (tmp / MARKER).write_text(f"written by gdecode import-gguf from {source}\n", encoding="utf-8")

@@ -145,6 +145,15 @@ def test_existing_outdir_without_force(tmp_path, gguf_file):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("sub", ["sub", "sub/deeper"])
+def test_outdir_under_a_file(tmp_path, gguf_file, sub):
+    (tmp_path / "afile").write_text("a file, not a folder")
+    before = snapshot(tmp_path)
+    code, _, err = run("import-gguf", gguf_file, tmp_path / "afile" / sub, "--no-progress")
+    assert_one_line_error(code, err, f"{tmp_path / 'afile'} is a file, not a folder")
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("earlier", ["empty folder", "earlier import"])
 def test_force_replaces_an_empty_folder_or_an_earlier_import(tmp_path, gguf_file, earlier):
     out = tmp_path / "out"
