@@ -177,6 +177,9 @@ class _Checkpoint:
                 self.where = {str(k): model_dir / str(v) for k, v in weight_map.items()}
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
                 raise GDecodeError(f"{index}: not a valid safetensors index (no weight_map)") from None
+        elif self.source.exists() and not self.source.is_file():
+            what = "a directory, not a safetensors file" if self.source.is_dir() else "not a regular file"
+            raise GDecodeError(f"{self.source}: {what}")
         elif not self.source.is_file():
             raise GDecodeError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
 

@@ -1,4 +1,5 @@
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -301,6 +302,14 @@ def test_no_checkpoint(tmp_path):
     path, cfg, _ = make_model(tmp_path)
     (path / "model.safetensors").unlink()
     assert "model.safetensors" in error_of(path, cfg)
+
+
+@pytest.mark.parametrize("kind, what", [("dir", "a directory, not a safetensors file"), ("fifo", "not a regular file")])
+def test_checkpoint_not_a_regular_file(tmp_path, kind, what):
+    path, cfg, _ = make_model(tmp_path)
+    (path / "model.safetensors").unlink()
+    (path / "model.safetensors").mkdir() if kind == "dir" else os.mkfifo(path / "model.safetensors")
+    assert error_of(path, cfg) == f"{path / 'model.safetensors'}: {what}"
 
 
 def test_bad_index(tmp_path):
