@@ -35,7 +35,7 @@ class _Cursor:
     def need(self, n: int, what: str):
         # every count is bounded by the bytes left before anything is allocated for it
         if self.at + n > len(self.buf):
-            raise _Corrupt(f"{what} needs {n} bytes at offset {self.at}, past the end of the file")
+            raise _Corrupt(f"{what} would need at least {n} bytes at offset {self.at}, past the end of the file")
 
     def take(self, fmt: str):
         v = struct.unpack_from("<" + fmt, self.buf, self.at)

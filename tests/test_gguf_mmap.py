@@ -1,6 +1,7 @@
 """The GGUF header reader against gguf.GGUFReader, and its one-line errors."""
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,14 @@ def test_not_gguf_and_missing(tmp_path):
     _error(tmp_path / "d.gguf", "a directory")
     os.mkfifo(tmp_path / "f.gguf")
     _error(tmp_path / "f.gguf", "not a regular file")
+
+
+@pytest.mark.parametrize("n_tensors, n_kv, what", [(0, 33, "33 metadata entries would need at least 429 bytes"),
+                                                    (5, 0, "5 tensor infos would need at least 160 bytes")])
+def test_count_larger_than_the_file(tmp_path, n_tensors, n_kv, what):
+    path = tmp_path / "c.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv))
+    _error(path, f"(24 bytes): {what} at offset 24, past the end of the file")
 
 
 def test_version_and_unknown_type(tiny_gguf, tmp_path):
