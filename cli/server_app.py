@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -76,8 +77,11 @@ async def read_json(request: HttpRequest) -> object:
         raise ApiError(413, f"the request body is larger than {MAX_BODY // 2**20} MB", code="request_too_large")
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    except ValueError:  # the one other: int() of an integer longer than sys.get_int_max_str_digits()
+        raise ApiError(400, f"a number in the request body is too long (over {sys.get_int_max_str_digits()} "
+                       "digits)") from None
     # a \uD800-\uDFFF escape (or a UTF-16/32 body) may decode to a lone surrogate, which no text can hold
     if _SURROGATE.search(body) or b"\0" in body[:4]:
         try:

@@ -228,6 +228,9 @@ def test_lone_surrogates_and_deep_nesting_are_bad_requests(server):
     got, answer, _ = server.post("/v1/completions", body)
     assert got == 400 and "surrogate" in answer["error"]["message"], answer
     check_error(server, '{"messages": [], "x": ' + "[" * 100_000 + "]" * 100_000 + "}", 400, "not valid JSON")
+    # an integer past Python's int() limit is refused as too long, without quoting the limit's own advice
+    err = check_error(server, '{"messages": [], "max_tokens": ' + "9" * 5000 + "}", 400)
+    assert err["message"] == "a number in the request body is too long (over 4300 digits)", err
     # a surrogate pair is one character, and fine
     got, answer, _ = server.post("/v1/completions", '{"prompt": "hi \\ud83d\\ude00", "max_tokens": 2}')
     assert got == 200, answer
