@@ -155,7 +155,7 @@ class CudaBackend:
                 self._events[j % RING].synchronize()
                 token = int(self.bufs.ring[j % RING])
                 if token < 0:
-                    raise NonFiniteLogits(j - (n - 1), self.name)
+                    raise NonFiniteLogits(j - (n - 1), self.name, params=params)
                 if params.logprobs is not None:
                     self.token_logprobs = self._logprobs(j % RING)
                 out.append(token)

@@ -8,11 +8,17 @@ class GDecodeError(Exception):
 class NonFiniteLogits(GDecodeError):
     """The logits of a step hold NaN or Inf: the weights or the arithmetic went wrong, so no token is sampled."""
 
-    def __init__(self, step: int, backend: str, count: int | None = None):
+    def __init__(self, step: int, backend: str, count: int | None = None, params=None):
         self.step, self.backend = step, backend
         what = f"{count} non-finite values (NaN or Inf)" if count else "non-finite values (NaN or Inf)"
-        super().__init__(f"the logits of generation step {step} on the {backend} backend hold {what}: "
-                         "the weights hold NaN/Inf or the activations overflowed")
+        why = "the weights hold NaN/Inf or the activations overflowed"
+        on = [] if params is None else [f"{name} {getattr(params, name):g}" for name, used in (
+            ("repeat_penalty", params.penalizes_repeats), ("presence_penalty", params.presence_penalty != 0),
+            ("frequency_penalty", params.frequency_penalty != 0)) if used]
+        if on:
+            why = (f"the weights hold NaN/Inf, the activations overflowed, or the penalties ({', '.join(on)}) took "
+                   "a logit past the float32 range")
+        super().__init__(f"the logits of generation step {step} on the {backend} backend hold {what}: {why}")
 
 
 def check_tokens(ids, vocab_size: int, max_context: int, start: int = 0) -> None:

@@ -287,7 +287,7 @@ def sample(logits: np.ndarray, params: SamplingParams, step: int, seed: int, *, 
     z = lg if params.greedy else lg / np.float32(params.temperature)
     bad = np.count_nonzero(~np.isfinite(z))
     if bad:
-        raise NonFiniteLogits(step, "numpy", bad)
+        raise NonFiniteLogits(step, "numpy", bad, params)
     if params.greedy:
         return int(np.argmax(z))
     m = z.max()

@@ -183,6 +183,21 @@ def test_non_finite_logits_are_reported(bad, temperature):
     assert (e.value.step, e.value.backend) == (5, "numpy")
 
 
+@pytest.mark.parametrize("kw, named", [
+    ({}, None),
+    ({"repeat_penalty": 1.5, "repeat_last_n": 0, "presence_penalty": 0.5}, "presence_penalty 0.5"),
+    ({"repeat_penalty": 3e38, "frequency_penalty": 2.0}, "repeat_penalty 3e+38, frequency_penalty 2"),
+])
+def test_non_finite_logits_name_the_penalties_in_use(kw, named):
+    z = rand_logits(3, v=30)
+    z[17] = np.nan
+    with pytest.raises(NonFiniteLogits) as e:
+        sample(z, SamplingParams(temperature=0, **kw), 0, 1, window=[17], counts=np.ones(30, np.int32))
+    msg = str(e.value)
+    assert msg.endswith(f"or the penalties ({named}) took a logit past the float32 range" if named else
+                        "the weights hold NaN/Inf or the activations overflowed"), msg
+
+
 def test_penalties_hand_worked():
     lg = np.array([2.0, -1.0, 0.5, 3.0, -2.0], np.float32)
     p = SamplingParams(repeat_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
