@@ -10,7 +10,8 @@ class NonFiniteLogits(GDecodeError):
 
     def __init__(self, step: int, backend: str, count: int | None = None, params=None):
         self.step, self.backend = step, backend
-        what = f"{count} non-finite values (NaN or Inf)" if count else "non-finite values (NaN or Inf)"
+        what = f"{count} non-finite value{'' if count == 1 else 's'} (NaN or Inf)" if count else \
+            "non-finite values (NaN or Inf)"
         why = "the weights hold NaN/Inf or the activations overflowed"
         on = [] if params is None else [f"{name} {getattr(params, name):g}" for name, used in (
             ("repeat_penalty", params.penalizes_repeats), ("presence_penalty", params.presence_penalty != 0),

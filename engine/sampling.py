@@ -264,14 +264,16 @@ def penalize(logits: np.ndarray, params: SamplingParams, window=None, counts=Non
     """The logits after the repeat penalty (tokens in `window`) and the presence/frequency penalties
     (counts[i]: how often token i was generated), in float32."""
     lg = np.array(logits, dtype=np.float32)
-    if params.penalizes_repeats and window is not None and len(window):
-        w = np.unique(window)
-        v, rp = lg[w], np.float32(params.repeat_penalty)
-        lg[w] = np.where(v > 0, v / rp, v * rp)
-    if params.penalizes_counts and counts is not None:
-        seen = np.flatnonzero(counts)
-        c = np.asarray(counts)[seen].astype(np.float32)
-        lg[seen] = lg[seen] - (np.float32(params.presence_penalty) + np.float32(params.frequency_penalty) * c)
+    # a logit that overflows becomes Inf without a warning: sample() reports it (NonFiniteLogits)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if params.penalizes_repeats and window is not None and len(window):
+            w = np.unique(window)
+            v, rp = lg[w], np.float32(params.repeat_penalty)
+            lg[w] = np.where(v > 0, v / rp, v * rp)
+        if params.penalizes_counts and counts is not None:
+            seen = np.flatnonzero(counts)
+            c = np.asarray(counts)[seen].astype(np.float32)
+            lg[seen] = lg[seen] - (np.float32(params.presence_penalty) + np.float32(params.frequency_penalty) * c)
     return lg
 
 

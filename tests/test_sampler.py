@@ -198,6 +198,18 @@ def test_non_finite_logits_name_the_penalties_in_use(kw, named):
                         "the weights hold NaN/Inf or the activations overflowed"), msg
 
 
+def test_a_penalty_that_overflows_is_reported_without_a_warning():
+    import warnings
+
+    z = rand_logits(4, v=30)
+    z[5] = -3e38
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow RuntimeWarning would raise here
+        with pytest.raises(NonFiniteLogits) as e:
+            sample(z, SamplingParams(temperature=0, repeat_penalty=3e38), 0, 1, window=[5])
+    assert "hold 1 non-finite value (NaN or Inf)" in str(e.value), str(e.value)
+
+
 def test_penalties_hand_worked():
     lg = np.array([2.0, -1.0, 0.5, 3.0, -2.0], np.float32)
     p = SamplingParams(repeat_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
