@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from cli.generate import _valid_text
+from cli.generate import valid_text
 from cli.main import app
 from cli.sampling_options import sampling_options
 from engine.errors import GDecodeError
@@ -54,7 +54,7 @@ def _read(prompt: str) -> str | None:
     just asks again."""
     while True:
         try:
-            return _valid_text(input(prompt), "the message")
+            return valid_text(input(prompt), "the message")
         except EOFError:
             return None
         except KeyboardInterrupt:
@@ -94,7 +94,7 @@ def chat(
         import readline  # noqa: F401  (line editing and history for input())
 
         _say(f"chatting with {Path(model).resolve().name} ({llm.backend.name}); {HELP}")
-    start = [{"role": "system", "content": _valid_text(system, "--system")}] if system is not None else []
+    start = [{"role": "system", "content": valid_text(system, "--system")}] if system is not None else []
     history = list(start)
     try:
         while (line := _read("> " if tty else "")) is not None:

@@ -33,7 +33,7 @@ def unescape(text: str) -> str:
     return _ESCAPE.sub(one, text)
 
 
-def _valid_text(text: str, what: str) -> str:
+def valid_text(text: str, what: str) -> str:
     """Arguments that are not UTF-8 reach Python as lone surrogates: read them as U+FFFD, with a notice."""
     try:
         text.encode("utf-8")
@@ -97,12 +97,12 @@ def generate(
     Ctrl-C stops it with the stats so far (exit status 130)."""
     if system is not None and not chat:
         raise GDecodeError("--system needs --chat")
-    stops = tuple(unescape(_valid_text(s, "--stop")) for s in stop)
+    stops = tuple(unescape(valid_text(s, "--stop")) for s in stop)
     params = SamplingParams(seed=seed, max_new_tokens=max_new_tokens, stop=stops, logprobs=logprobs, **sampling)
     if system is not None:
-        system = _valid_text(system, "--system")
+        system = valid_text(system, "--system")
     llm = LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph, quantize=quantize)
-    prompt = _read_stdin(llm.max_prompt_bytes) if prompt == "-" else _valid_text(prompt, "the prompt")
+    prompt = _read_stdin(llm.max_prompt_bytes) if prompt == "-" else valid_text(prompt, "the prompt")
     if seed is None:
         params = replace(params, seed=resolve_seed(params))
     shown_seed = None if seed is not None or params.greedy else params.seed

@@ -22,6 +22,11 @@ class NonFiniteLogits(GDecodeError):
         super().__init__(f"the logits of generation step {step} on the {backend} backend hold {what}: {why}")
 
 
+def not_a_file(path, kind: str) -> GDecodeError:
+    """The error for a path that exists but is not the regular file a `kind` file must be."""
+    return GDecodeError(f"{path}: " + (f"a directory, not a {kind} file" if path.is_dir() else "not a regular file"))
+
+
 def check_tokens(ids, vocab_size: int, max_context: int, start: int = 0) -> None:
     """Raise GDecodeError unless every id is in [0, vocab_size) and positions start..start+len(ids)-1
     fit a context of max_context positions (the one range check of every path into a KV cache)."""

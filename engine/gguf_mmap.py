@@ -16,7 +16,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, ReaderTensor
 from gguf import GGMLQuantizationType as GT
 
-from engine.errors import GDecodeError
+from engine.errors import GDecodeError, not_a_file
 
 # GGUF value type -> struct format (8: string, 9: array)
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -84,9 +84,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
     """Parse a GGUF file's header; GDecodeError (one line, naming the file) on any problem."""
     path = Path(path)
     if not path.is_file():
-        what = "no such file" if not path.exists() else "a directory, not a GGUF file" if path.is_dir() \
-            else "not a regular file"
-        raise GDecodeError(f"{path}: {what}")
+        raise not_a_file(path, "GGUF") if path.exists() else GDecodeError(f"{path}: no such file")
     size = path.stat().st_size
     with open(path, "rb") as f:
         magic = f.read(4)

@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.errors import GDecodeError
+from engine.errors import GDecodeError, not_a_file
 
 
 @dataclass
@@ -178,8 +178,7 @@ class _Checkpoint:
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
                 raise GDecodeError(f"{index}: not a valid safetensors index (no weight_map)") from None
         elif self.source.exists() and not self.source.is_file():
-            what = "a directory, not a safetensors file" if self.source.is_dir() else "not a regular file"
-            raise GDecodeError(f"{self.source}: {what}")
+            raise not_a_file(self.source, "safetensors")
         elif not self.source.is_file():
             raise GDecodeError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
 
