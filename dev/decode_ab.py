@@ -27,12 +27,18 @@ VARIANTS = {
     "default": Tuning(),
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
     "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
+    "pf 2M": Tuning(gemv=GemvTuning(prefetch_next=2 << 20)),
+    "pf 8M": Tuning(gemv=GemvTuning(prefetch_next=8 << 20)),
+    "pf 32M": Tuning(gemv=GemvTuning(prefetch_next=32 << 20)),
 }
 QUANT_VARIANTS = {
     "default": Tuning(),
     "few rows 2": Tuning(gemv=GemvTuning(quant_few_rows=2)),
     "no part overlap": Tuning(gemv=GemvTuning(parts_overlap=False)),
     "w8 mb2": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2)),
+    "pf 2M": Tuning(gemv=GemvTuning(prefetch_next=2 << 20)),
+    "pf 8M": Tuning(gemv=GemvTuning(prefetch_next=8 << 20)),
+    "pf 32M": Tuning(gemv=GemvTuning(prefetch_next=32 << 20)),
 }
 PLAN = {
     "llama3-8b": [0, 8192, 32768],
@@ -88,7 +94,7 @@ def main(argv):
     copy_gbs = copy_bandwidth(4 << 30, 10)
     print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
     for name in shapes:
-        depths = PLAN[name] if quant == "bf16" else [0]
+        depths = PLAN.get(name, [0]) if quant == "bf16" else [0]
         cfg = named_shape(name)
         need = max(depths) + B.TG_TOKENS + B.WARMUP + 1
         backend = CudaBackend(cfg, None, max_context=need, random_quant=quant)

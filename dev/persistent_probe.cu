@@ -78,6 +78,30 @@ __device__ __forceinline__ float dot_part(const Phase& ph, int c0, const uint4 (
     return acc;
 }
 
+// BARRIER 2: one monotonic 64-bit counter, each block adds 1 with release semantics (no reply) and polls
+// it with acquire loads until every block of this barrier has arrived. The launch's base is the counter at
+// the start rounded down to a multiple of the launch's total arrivals (fewer than a barrier's arrivals can
+// precede any block's first read).
+__device__ __forceinline__ unsigned long long ld_acquire64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void grid_barrier2(unsigned long long* ctr, unsigned long long& target) {
+    __syncthreads();
+    target += gridDim.x;
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.global.add.u64 [%0], 1;" :: "l"(ctr) : "memory");
+        while (ld_acquire64(ctr) < target) {
+        }
+    }
+    __syncthreads();
+}
+
+#ifndef BARRIER
+#define BARRIER 1
+#endif
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
 persist(const Phase* __restrict__ phases, int nphases, unsigned* bar, int prefetch, int barriers)
 {
@@ -85,6 +109,12 @@ persist(const Phase* __restrict__ phases, int nphases, unsigned* bar, int prefet
     const int gw = blockIdx.x * WARPS + (threadIdx.x >> 5), nw = gridDim.x * WARPS;
     unsigned gen = 0;
     if (threadIdx.x == 0) gen = *(volatile unsigned*)&bar[1];
+    unsigned long long* ctr = reinterpret_cast<unsigned long long*>(bar + 2);
+    unsigned long long target = 0;
+    if (BARRIER == 2) {
+        const unsigned long long per = (unsigned long long)gridDim.x * nphases;
+        target = *(volatile unsigned long long*)ctr / per * per;
+    }
     uint4 a[CPL];
     bool have = false;  // a holds this warp's first row of the phase, chunks [0, 32 CPL)
     for (int p = 0; p < nphases; ++p) {
@@ -107,6 +137,7 @@ persist(const Phase* __restrict__ phases, int nphases, unsigned* bar, int prefet
                 have = true;
             }
         }
-        if (barriers) grid_barrier(bar, gen);
+        if (barriers && BARRIER == 1) grid_barrier(bar, gen);
+        if (barriers && BARRIER == 2) grid_barrier2(ctr, target);
     }
 }

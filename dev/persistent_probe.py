@@ -6,7 +6,9 @@ between them (dev/persistent_probe.cu), against the bytes at copy speed.
 Per shape and variant: microseconds per launch (median of 7 timings of N launches back to back, CUDA
 events), and GB/s over the weight bytes. Variants: `barriers` (every phase empty: the barriers alone),
 `plain` (GEMVs, no prefetch), `prefetch` (each warp's first row of the next phase loaded before the
-barrier), each at 16 warps per block holding 8 chunks per lane and 32 holding 4, one block per SM.
+barrier), each at 16 warps per block holding 8 chunks per lane and 32 holding 4, one block per SM;
+barrier 1 is a counter and a generation bumped by the last block, barrier 2 a monotonic counter
+that every block adds to and polls.
 The last phase's output is checked against numpy on the same (random, finite) data.
 """
 
@@ -66,11 +68,12 @@ def main():
             table[p] = (m.data.ptr, bufs[p % 2].data.ptr, bufs[(p + 1) % 2].data.ptr, r, k // 8)
             empty[p] = (m.data.ptr, bufs[p % 2].data.ptr, bufs[(p + 1) % 2].data.ptr, 0, k // 8)
         d_table, d_empty = cp.asarray(table.view(np.uint8)), cp.asarray(empty.view(np.uint8))
-        bar = cp.zeros(2, cp.uint32)
+        bar = cp.zeros(4, cp.uint32)  # barrier 1: [0], [1]; barrier 2: [2:4] as one u64
         print(f"{name}: {len(shapes)} phases, {wbytes / 1e6:.1f} MB of weights, "
               f"{wbytes / copy / 1e3:.1f} us at copy speed")
-        for warps, cpl in ((16, 8), (32, 4)):
-            mod = cp.RawModule(code=src, options=("-std=c++17", f"-DWARPS={warps}", f"-DCPL={cpl}"))
+        for warps, cpl, barrier in ((16, 8, 1), (16, 8, 2), (32, 4, 2)):
+            mod = cp.RawModule(code=src, options=("-std=c++17", f"-DWARPS={warps}", f"-DCPL={cpl}",
+                                                  f"-DBARRIER={barrier}"))
             fn = mod.get_function("persist")
             for variant in ("barriers", "plain", "prefetch"):
                 tab = d_empty if variant == "barriers" else d_table
@@ -98,7 +101,7 @@ def main():
                     times.append(cp.cuda.get_elapsed_time(s, e) * 1e3 / args.reps)
                 us = float(np.median(times))
                 gbs = "" if variant == "barriers" else f", {wbytes / us / 1e3:,.0f} GB/s"
-                print(f"  warps {warps:2d} {variant:9s} {us:8.1f} us/launch, "
+                print(f"  warps {warps:2d} barrier {barrier} {variant:9s} {us:8.1f} us/launch, "
                       f"{us / len(shapes):.2f} us/phase{gbs}")
 
 
