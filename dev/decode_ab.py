@@ -27,18 +27,12 @@ VARIANTS = {
     "default": Tuning(),
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
     "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
-    "pf 2M": Tuning(gemv=GemvTuning(prefetch_next=2 << 20)),
-    "pf 8M": Tuning(gemv=GemvTuning(prefetch_next=8 << 20)),
-    "pf 32M": Tuning(gemv=GemvTuning(prefetch_next=32 << 20)),
 }
 QUANT_VARIANTS = {
     "default": Tuning(),
     "few rows 2": Tuning(gemv=GemvTuning(quant_few_rows=2)),
     "no part overlap": Tuning(gemv=GemvTuning(parts_overlap=False)),
     "w8 mb2": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2)),
-    "pf 2M": Tuning(gemv=GemvTuning(prefetch_next=2 << 20)),
-    "pf 8M": Tuning(gemv=GemvTuning(prefetch_next=8 << 20)),
-    "pf 32M": Tuning(gemv=GemvTuning(prefetch_next=32 << 20)),
 }
 PLAN = {
     "llama3-8b": [0, 8192, 32768],

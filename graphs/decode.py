@@ -100,7 +100,6 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: 
                tuning=g, pdl=pdl), "lm_head")
     out.add(ops.sample(b.logits, b.amax, b.state, b.prompt, b.ring_dev, b.lp_ring_dev, b.counts, b.window,
                        b.sample_work, vocab=cfg.vocab_size, max_ctx=ctx, pdl=pdl), "sample")
-    gemv_ops.prefetch_next(out, g.prefetch_next)
     return out
 
 

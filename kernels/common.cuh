@@ -56,13 +56,6 @@ __device__ __forceinline__ uint4 ld_early(const uint4* p) {
     return r;
 }
 
-// bytes [share * blockIdx.x, share * (blockIdx.x + 1)) of p into L2 by the bulk copy engine (asynchronous;
-// p and share 16-aligned): a GEMV prefetches the weights that the next GEMV of the step reads first
-__device__ __forceinline__ void l2_prefetch_share(const unsigned char* p, unsigned share) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + (size_t)share * blockIdx.x), "r"(share)
-                 : "memory");
-}
-
 __device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float bf2f(bf16 b) { return __uint_as_float(((unsigned)b) << 16); }

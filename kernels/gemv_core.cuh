@@ -192,18 +192,14 @@ __device__ __forceinline__ void load_batch(const unsigned char* const (&rp)[ROWS
     }
 }
 
-// pf, pf_share: what the next GEMV of the step reads first, prefetched into L2 (pf_share bytes per block) as
-// this block starts
 template <class Epi>
 __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w, const float* __restrict__ x,
-                                            const float* __restrict__ gamma, float eps, Epi& epi,
-                                            const unsigned char* pf, unsigned pf_share) {
+                                            const float* __restrict__ gamma, float eps, Epi& epi) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = warp / SPLIT_K, part = warp % SPLIT_K;
     const int n = epi.units();
     const int stride = gridDim.x * GROUPS;
     __shared__ float red[2][WARPS][ROWS + 1];
     int base = blockIdx.x * GROUPS;
-    if (pf_share && threadIdx.x == 0) l2_prefetch_share(pf, pf_share);
     if (base >= n) {
         pdl_enter();
         return;

@@ -225,25 +225,6 @@ def _quant_module(source: str, rows: int, unroll: int, **defines):
     raise AssertionError("unreachable")
 
 
-def _prefetchable(launch: Launch, data, arg: int) -> Launch:
-    """Note on a GEMV launch its weights' range and where its L2 prefetch arguments are (see prefetch_next)."""
-    launch.weights = (int(data.data.ptr), int(data.nbytes))
-    launch.prefetch_arg = arg
-    return launch
-
-
-def prefetch_next(launches, limit: int) -> None:
-    """Each GEMV of `launches` prefetches into L2 the first `limit` bytes (at most) of the next GEMV's
-    weights, a share per block, as it starts (gemv_core.cuh stream_rows). A
-    step's GEMVs stream their first units from the start of their matrix, so those bytes are what the
-    next one waits for first. The last one prefetches the first (the next step's)."""
-    gemvs = [launch for launch in launches if hasattr(launch, "prefetch_arg")]
-    for launch, nxt in zip(gemvs, gemvs[1:] + gemvs[:1], strict=True):
-        ptr, nbytes = nxt.weights if limit > 0 else (0, 0)
-        launch.set_arg(launch.prefetch_arg, ptr)
-        launch.set_arg(launch.prefetch_arg + 1, min(nbytes, limit) // launch.grid[0] // 16 * 16)
-
-
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = EPI_STORE, eps: float = 0.0,
          amax=None, tuning: GemvTuning = GemvTuning(), splitk: int | None = None, rows: int | None = None,
          blocks: int | None = None, pair: bool = False, minb: int | None = None, pdl: bool = False,
@@ -279,9 +260,8 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
             break
         rows = got  # fewer rows per warp: the grid and split follow
     data = w.data if is_quant(w) else w
-    launch = mod.function("gemv" + suffix, "PPPPPifPPI").prepare(
-        grid, tuning.warps * 32, [data, x, gamma, bias, y, n_out, eps, amax, 0, 0], smem=smem, pdl=pdl)
-    return _prefetchable(launch, data, 8)
+    return mod.function("gemv" + suffix, "PPPPPifP").prepare(
+        grid, tuning.warps * 32, [data, x, gamma, bias, y, n_out, eps, amax], smem=smem, pdl=pdl)
 
 
 def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
@@ -311,10 +291,9 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
             break
         rows = got
     data = w.data if is_quant(w) else w
-    launch = mod.function("gemv_rope" + suffix, "PPPPPifPPPPPiiiiPI").prepare(
+    return mod.function("gemv_rope" + suffix, "PPPPPifPPPPPiiii").prepare(
         grid, tuning.warps * 32, [data, x, gamma, bias, y, n_pairs, eps, state, cos, sin, k_cache, v_cache, nh, nkv,
-                                  max_ctx, head0, 0, 0], smem=smem, pdl=pdl)
-    return _prefetchable(launch, data, 16)
+                                  max_ctx, head0], smem=smem, pdl=pdl)
 
 
 def _dequant_module(w: QuantWeight):

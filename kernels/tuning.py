@@ -27,8 +27,6 @@ class GemvTuning:
     # a projection stored as parts of several formats (a Q4_K_M layer's Q6_K v beside Q4_K q and k) runs one
     # launch per part; each part after the first streams without waiting for the one before (LATE_WAIT)
     parts_overlap: bool = True
-    # bytes of the next GEMV's weights (at most) that each GEMV of the step prefetches into L2; 0: none
-    prefetch_next: int = 0
 
 
 # the fp32-x block-format GEMVs in the shape they were tuned in (their unpacking needs 168 registers)
