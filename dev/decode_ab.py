@@ -27,6 +27,8 @@ VARIANTS = {
     "default": Tuning(),
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
     "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
+    "w16 mb1": Tuning(gemv=GemvTuning(warps=16, min_blocks=1)),
+    "w8 mb2": Tuning(gemv=GemvTuning(warps=8, min_blocks=2)),
 }
 QUANT_VARIANTS = {
     "default": Tuning(),
