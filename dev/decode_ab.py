@@ -29,6 +29,8 @@ VARIANTS = {
     "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
     "w16 mb1": Tuning(gemv=GemvTuning(warps=16, min_blocks=1)),
     "w8 mb2": Tuning(gemv=GemvTuning(warps=8, min_blocks=2)),
+    "w2 mb8": Tuning(gemv=GemvTuning(warps=2, min_blocks=8)),
+    "w8 mb2 attn w4": Tuning(gemv=GemvTuning(warps=8, min_blocks=2), attn=AttnTuning(warps=4)),
 }
 QUANT_VARIANTS = {
     "default": Tuning(),
