@@ -27,22 +27,15 @@ VARIANTS = {
     "default": Tuning(),
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
     "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
+    "w4 mb4": Tuning(gemv=GemvTuning(warps=4, min_blocks=4)),
     "w16 mb1": Tuning(gemv=GemvTuning(warps=16, min_blocks=1)),
-    "w8 mb2": Tuning(gemv=GemvTuning(warps=8, min_blocks=2)),
     "w2 mb8": Tuning(gemv=GemvTuning(warps=2, min_blocks=8)),
-    "half 16M": Tuning(gemv=GemvTuning(small_bytes=16 << 20)),
-    "half 64M": Tuning(gemv=GemvTuning(small_bytes=64 << 20)),
-    "w4 mb4 half 16M": Tuning(gemv=GemvTuning(warps=4, min_blocks=4, small_bytes=16 << 20, small_blocks_per_sm=2)),
-    "w4 mb4 3/4 16M": Tuning(gemv=GemvTuning(warps=4, min_blocks=4, small_bytes=16 << 20, small_blocks_per_sm=3)),
-    "w8 mb2 attn w4": Tuning(gemv=GemvTuning(warps=8, min_blocks=2), attn=AttnTuning(warps=4)),
 }
 QUANT_VARIANTS = {
     "default": Tuning(),
     "few rows 2": Tuning(gemv=GemvTuning(quant_few_rows=2)),
     "no part overlap": Tuning(gemv=GemvTuning(parts_overlap=False)),
     "w8 mb2": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2)),
-    "w8 mb2 half 16M": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2, quant_short_warps=8,
-                                                quant_short_min_blocks=2, small_bytes=16 << 20)),
 }
 PLAN = {
     "llama3-8b": [0, 8192, 32768],

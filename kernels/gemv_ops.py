@@ -177,14 +177,6 @@ def _launch_shape(w, units: int, k: int, tuning: GemvTuning, splitk: int | None,
     return s, min_blocks, grid, x_smem_bytes(w, k, tuning)
 
 
-def _small_grid(w, blocks: int | None, tuning: GemvTuning) -> int | None:
-    """The grid cap of a small matrix (GemvTuning.small_bytes), else `blocks`."""
-    data = w.data if is_quant(w) else w
-    if blocks is None and tuning.small_bytes and int(data.nbytes) <= tuning.small_bytes:
-        return tuning.small_blocks_per_sm * sm_count()
-    return blocks
-
-
 def _own_shape(w, k: int, tuning: GemvTuning) -> GemvTuning:
     """The block formats' warps per block and register cap (for rows of k weights) in place of the
     bf16 kernels' warps."""
@@ -254,7 +246,6 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
     if amax is not None and epi != EPI_STORE:
         raise ValueError("the argmax folds stored rows (EPI_STORE)")
     rows = rows or rows_per_unit(w, n_out, k, epi, tuning, pair)
-    blocks = _small_grid(w, blocks, tuning)
     source, suffix, _ = _source(w)
     for _ in range(2):
         per_unit = rows // 2 if epi == EPI_SILU else rows
@@ -289,7 +280,6 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
     rows = rows_per_unit(w, n_pairs, k, Epilogue.ROPE, tuning, False)
     if (hd // 2) % (rows // 2):
         rows = 2
-    blocks = _small_grid(w, blocks, tuning)
     source, suffix, _ = _source(w)
     for _ in range(2):
         s, min_blocks, grid, smem = _launch_shape(w, n_pairs // (rows // 2), k, tuning, splitk, blocks)
