@@ -121,19 +121,14 @@ __device__ __forceinline__ void warp_add_u64(unsigned long long v, unsigned long
     if ((threadIdx.x & 31) == 0) atomicAdd(to, ((unsigned long long)hi << 22) + lo);
 }
 
-// the warp's largest key (0 if none) on every lane, and in z the z key that came with it (the first lane's
-// of equal keys). Only when several lanes share the largest high word does the low word take a second
-// reduction; one lane holding it (the usual case: distinct scores) owns the key.
+// the warp's largest key (0 if none) on every lane, and in z the z key that came with it
 __device__ __forceinline__ unsigned long long warp_best(unsigned long long k, unsigned& z) {
     const unsigned hi = __reduce_max_sync(0xffffffffu, (unsigned)(k >> 32));
-    unsigned owners = __ballot_sync(0xffffffffu, (unsigned)(k >> 32) == hi);
-    if (owners & (owners - 1)) {
-        const unsigned lo = __reduce_max_sync(0xffffffffu, (unsigned)(k >> 32) == hi ? (unsigned)k : 0u);
-        owners = __ballot_sync(0xffffffffu, k == (((unsigned long long)hi << 32) | lo));
-    }
-    const int owner = __ffs(owners) - 1;
-    z = __shfl_sync(0xffffffffu, z, owner);
-    return ((unsigned long long)hi << 32) | __shfl_sync(0xffffffffu, (unsigned)k, owner);
+    const unsigned lo = __reduce_max_sync(0xffffffffu, (unsigned)(k >> 32) == hi ? (unsigned)k : 0u);
+    const unsigned long long best = ((unsigned long long)hi << 32) | lo;
+    const unsigned owner = __ballot_sync(0xffffffffu, k == best);
+    z = __shfl_sync(0xffffffffu, z, __ffs(owner) - 1);
+    return best;
 }
 
 // one warp: the records over its lanes' (zk, rk) pairs (zk 0: no entry; rk 0: not a candidate): the
