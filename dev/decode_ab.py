@@ -30,6 +30,9 @@ VARIANTS = {
     "w4 mb4": Tuning(gemv=GemvTuning(warps=4, min_blocks=4)),
     "w16 mb1": Tuning(gemv=GemvTuning(warps=16, min_blocks=1)),
     "w2 mb8": Tuning(gemv=GemvTuning(warps=2, min_blocks=8)),
+    "balance 0": Tuning(gemv=GemvTuning(balance=0)),
+    "balance 1": Tuning(gemv=GemvTuning(balance=1)),
+    "balance 2": Tuning(gemv=GemvTuning(balance=2)),
 }
 QUANT_VARIANTS = {
     "default": Tuning(),

@@ -11,6 +11,9 @@ class GemvTuning:
     min_blocks: int = 2  # blocks per SM the register cap allows (warps * min_blocks resident warps)
     rows: int = 4  # rows per warp for many short rows (a small model's lm_head)
     waves: int = 1  # grid = waves blocks per resident slot, rows striding over it; 0: one block per row group
+    # bf16: split K further where that fills the last pass over the resident warps better (gemv_ops._balanced);
+    # 0: off, 1: only matrices with a unit for every warp, 2: all
+    balance: int = 1
     quant_rows: int = 2  # rows per warp of the block-format GEMVs (each x load serves them all)
     # ... where quant_rows rows per warp would leave each warp at most one unit (an 8B's 4096-row o_proj and
     # down) and the format has below 8 bits per weight: two units per warp keep each warp streaming
