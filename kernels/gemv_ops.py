@@ -93,8 +93,8 @@ def split_k(units: int, chunks: int, quant: bool, tuning: GemvTuning) -> int:
 
 
 def _balanced(units: int, chunks: int, s: int, tuning: GemvTuning) -> int:
-    """More warps per unit while that fills the last pass over the resident warps better by over a tenth
-    (each warp still with a chunk per lane); balance 1: only where every warp has a unit already."""
+    """More warps per unit while that fills the last pass over the resident warps better by over a tenth,
+    each warp still with two chunks per lane at least; balance 1: only where every warp has a unit already."""
     slots = tuning.warps * tuning.min_blocks * sm_count()
 
     def filled(s):
@@ -102,7 +102,7 @@ def _balanced(units: int, chunks: int, s: int, tuning: GemvTuning) -> int:
 
     if tuning.balance == 1 and units * s < slots:
         return s
-    while s < tuning.warps and chunks // (32 * 2 * s) >= 1 and filled(2 * s) > filled(s) + 0.1:
+    while s < tuning.warps and chunks // (64 * 2 * s) >= 1 and filled(2 * s) > filled(s) + 0.1:
         s *= 2
     return s
 
