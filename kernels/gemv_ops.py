@@ -78,24 +78,26 @@ def _format_name(w) -> str:
     return fmt_of(w.fmt).name.upper() if is_quant(w) else "Bf16"
 
 
-def split_k(units: int, chunks: int, quant: bool, tuning: GemvTuning) -> int:
-    """Warps per unit: enough warps to keep every SM streaming, each with enough loads per unit."""
+def split_k(units: int, chunks: int, quant: bool, tuning: GemvTuning, sms: int | None = None) -> int:
+    """Warps per unit: enough warps to keep every SM streaming, each with enough loads per unit
+    (sms: the device's SM count by default)."""
+    sms = sms or sm_count()
     s = 1
     if quant:
-        while s < tuning.warps and units * s < tuning.quant_units_per_sm * sm_count() and chunks // (64 * s) >= 1:
+        while s < tuning.warps and units * s < tuning.quant_units_per_sm * sms and chunks // (64 * s) >= 1:
             s *= 2
     else:
-        while s < tuning.warps and units * s < WARP_TARGET * sm_count() and chunks // (64 * s) >= 4:
+        while s < tuning.warps and units * s < WARP_TARGET * sms and chunks // (64 * s) >= 4:
             s *= 2
         if tuning.balance:
-            s = _balanced(units, chunks, s, tuning)
+            s = _balanced(units, chunks, s, tuning, sms)
     return s
 
 
-def _balanced(units: int, chunks: int, s: int, tuning: GemvTuning) -> int:
+def _balanced(units: int, chunks: int, s: int, tuning: GemvTuning, sms: int) -> int:
     """More warps per unit while that fills the last pass over the resident warps better by over a tenth,
     each warp still with two chunks per lane at least; balance 1: only where every warp has a unit already."""
-    slots = tuning.warps * tuning.min_blocks * sm_count()
+    slots = tuning.warps * tuning.min_blocks * sms
 
     def filled(s):
         return units * s / (math.ceil(units * s / slots) * slots)
