@@ -3,7 +3,7 @@
 // Phases are bf16 GEMVs y = W x (x read from L2, rows strided over every warp of the grid); an empty
 // phase (rows = 0) stands in for attention. PREFETCH: each warp loads its first row of the next phase
 // into registers before the barrier, so the weights stream in while the grid waits.
-typedef unsigned short bf16;
+#include "common.cuh"
 
 struct Phase {
     const uint4* w;  // [rows, k8] 16-byte chunks of 8 bf16
@@ -18,15 +18,6 @@ struct Phase {
 #ifndef CPL
 #define CPL 8  // chunks per lane held at once
 #endif
-
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-    uint4 r;
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ float bf_lo(unsigned w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     unsigned v;
@@ -59,7 +50,7 @@ __device__ __forceinline__ void load_row(const Phase& ph, int r, int c0, uint4 (
 #pragma unroll
     for (int u = 0; u < CPL; ++u) {
         const int c = c0 + u * 32 + lane;
-        a[u] = c < ph.k8 && r < ph.rows ? ld_stream(wr + c) : make_uint4(0, 0, 0, 0);
+        a[u] = c < ph.k8 && r < ph.rows ? ld_early(wr + c) : make_uint4(0, 0, 0, 0);
     }
 }
 

@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     src = (Path(__file__).parent / "persistent_probe.cu").read_text()
+    kernels = Path(__file__).resolve().parent.parent / "kernels"
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     n = 1 << 28
     a, b = cp.ones(n, cp.float32), cp.empty(n, cp.float32)
@@ -72,7 +73,7 @@ def main():
         print(f"{name}: {len(shapes)} phases, {wbytes / 1e6:.1f} MB of weights, "
               f"{wbytes / copy / 1e3:.1f} us at copy speed")
         for warps, cpl, barrier in ((16, 8, 1), (16, 8, 2), (32, 4, 2)):
-            mod = cp.RawModule(code=src, options=("-std=c++17", f"-DWARPS={warps}", f"-DCPL={cpl}",
+            mod = cp.RawModule(code=src, options=("-std=c++17", f"-I{kernels}", f"-DWARPS={warps}", f"-DCPL={cpl}",
                                                   f"-DBARRIER={barrier}"))
             fn = mod.get_function("persist")
             for variant in ("barriers", "plain", "prefetch"):
