@@ -76,8 +76,9 @@ def chat(
     quantize: Optional[str] = typer.Option(None, help="Quantize a bf16/fp16/fp32 model at load: q8_0 | q4_0."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Tokens, cache reuse and speed after each reply."),
 ):
-    """Chat with the model in the terminal. The conversation stays in the KV cache between turns,
-    so each turn prefills only its new tokens."""
+    """Chat with the model in the terminal; each turn prefills only its new tokens.
+
+    The conversation stays in the KV cache between turns."""
     params = SamplingParams(seed=seed, max_new_tokens=max_new_tokens, **sampling)
     # a reply that fails ends chat with its own error line: the engine's warning would repeat it
     logging.getLogger("gdecode.serve").setLevel(logging.ERROR)
