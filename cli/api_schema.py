@@ -7,7 +7,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from engine.errors import GDecodeError
+from engine.errors import BadSampling, GDecodeError
 from engine.sampling import SamplingParams
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -185,7 +185,7 @@ def sampling_params(req: ChatRequest | CompletionRequest, default_max: int) -> S
         top_k = 0
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     # (request field, SamplingParams field, value, the value that means "off")
-    for param, name, value, off in (
+    fields = (
         ("temperature", "temperature", req.temperature, None),
         ("top_p", "top_p", req.top_p, None),
         ("top_k", "top_k", top_k, None),
@@ -196,7 +196,8 @@ def sampling_params(req: ChatRequest | CompletionRequest, default_max: int) -> S
         ("presence_penalty", "presence_penalty", req.presence_penalty, 0.0),
         ("frequency_penalty", "frequency_penalty", req.frequency_penalty, 0.0),
         ("logprobs", "logprobs", logprobs_of(req), None),
-    ):
+    )
+    for param, name, value, off in fields:
         if value is None or (value == off and off is not None and name not in have):
             continue
         if name not in have:
@@ -204,5 +205,11 @@ def sampling_params(req: ChatRequest | CompletionRequest, default_max: int) -> S
         kw[name] = value
     try:
         return SamplingParams(**kw)
+    except BadSampling as e:
+        # the request's own name for the field: 'repetition_penalty', not repeat_penalty
+        param = {name: param for param, name, _, _ in fields}.get(e.field, e.field)
+        if param == "logprobs" and isinstance(req, ChatRequest):
+            param = "top_logprobs"
+        raise ApiError(400, str(e.renamed(f"'{param}'")), param) from None
     except GDecodeError as e:
         raise ApiError(400, str(e)) from None

@@ -11,7 +11,7 @@ import typer
 
 from cli.generate import valid_text
 from cli.main import app
-from cli.sampling_options import sampling_options
+from cli.sampling_options import cli_params, sampling_options
 from engine.errors import GDecodeError
 from engine.llm import DEFAULT_MODEL, LLM
 from engine.sampling import SamplingParams
@@ -79,7 +79,7 @@ def chat(
     """Chat with the model in the terminal; each turn prefills only its new tokens.
 
     The conversation stays in the KV cache between turns."""
-    params = SamplingParams(seed=seed, max_new_tokens=max_new_tokens, **sampling)
+    params = cli_params(seed=seed, max_new_tokens=max_new_tokens, **sampling)
     # a reply that fails ends chat with its own error line: the engine's warning would repeat it
     logging.getLogger("gdecode.serve").setLevel(logging.ERROR)
     engine = ServingEngine(lambda: LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph,

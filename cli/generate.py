@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from cli.main import app, silence
-from cli.sampling_options import sampling_options
+from cli.sampling_options import cli_params, sampling_options
 from engine.errors import GDecodeError
 from engine.llm import DEFAULT_MODEL, LLM
 from engine.sampling import SamplingParams, resolve_seed
@@ -98,7 +98,7 @@ def generate(
     if system is not None and not chat:
         raise GDecodeError("--system needs --chat")
     stops = tuple(unescape(valid_text(s, "--stop")) for s in stop)
-    params = SamplingParams(seed=seed, max_new_tokens=max_new_tokens, stop=stops, logprobs=logprobs, **sampling)
+    params = cli_params(seed=seed, max_new_tokens=max_new_tokens, stop=stops, logprobs=logprobs, **sampling)
     if system is not None:
         system = valid_text(system, "--system")
     llm = LLM(model, backend=backend, max_context=max_context, use_graph=not no_graph, quantize=quantize)

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import typer
 
+from engine.errors import BadSampling
 from engine.sampling import SamplingParams
 
 _P = SamplingParams
@@ -48,3 +49,11 @@ def sampling_options(command: Callable) -> Callable:
     run.__signature__ = sig.replace(parameters=params)
     run.__annotations__ = {p.name: p.annotation for p in params}
     return run
+
+
+def cli_params(**fields) -> SamplingParams:
+    """SamplingParams from the command line: a bad value is reported by its option (--top-k, not top_k)."""
+    try:
+        return SamplingParams(**fields)
+    except BadSampling as e:
+        raise e.renamed("--" + e.field.replace("_", "-")) from None

@@ -5,6 +5,18 @@ class GDecodeError(Exception):
     """A user-facing error: the CLI prints its message on one line and exits non-zero."""
 
 
+class BadSampling(GDecodeError):
+    """A sampling parameter out of its range: `field` (a SamplingParams field) and what is wrong with it,
+    so that each front end can name the parameter as its users spell it (renamed)."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"{field} {problem}")
+
+    def renamed(self, name: str) -> GDecodeError:
+        return GDecodeError(f"{name} {self.problem}")
+
+
 class NonFiniteLogits(GDecodeError):
     """The logits of a step hold NaN or Inf: the weights or the arithmetic went wrong, so no token is sampled."""
 

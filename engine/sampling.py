@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.errors import GDecodeError, NonFiniteLogits
+from engine.errors import BadSampling, GDecodeError, NonFiniteLogits
 
 SEED_MUL = 0x9E3779B97F4A7C15
 STEP_MUL = 0xD1B54A32D192ED03
@@ -83,35 +83,35 @@ class SamplingParams:
 
     def __post_init__(self):
         if not (math.isfinite(self.temperature) and 0 <= self.temperature <= F32_MAX):
-            raise GDecodeError(f"temperature must be a finite float32 number >= 0, got {self.temperature}")
+            raise BadSampling("temperature", f"must be a finite float32 number >= 0, got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise GDecodeError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+            raise BadSampling("top_k", f"must be an integer >= 0 (0 = off), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
-            raise GDecodeError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+            raise BadSampling("top_p", f"must be in (0, 1] (1 = off), got {self.top_p}")
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**64):
-            raise GDecodeError(f"seed must be an integer in [0, 2^64), got {self.seed}")
+            raise BadSampling("seed", f"must be an integer in [0, 2^64), got {self.seed}")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
-            raise GDecodeError(f"max_new_tokens must be an integer, got {self.max_new_tokens}")
+            raise BadSampling("max_new_tokens", f"must be an integer, got {self.max_new_tokens}")
         if self.max_new_tokens < 1:
-            raise GDecodeError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise BadSampling("max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
         stop = tuple(self.stop) if isinstance(self.stop, (list, tuple)) else None
         if stop is None or not all(isinstance(s, str) and s for s in stop):
-            raise GDecodeError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
+            raise BadSampling("stop", f"must be a sequence of non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", stop)
         if not (_is_number(self.min_p) and 0.0 <= self.min_p <= 1.0):
-            raise GDecodeError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+            raise BadSampling("min_p", f"must be in [0, 1] (0 = off), got {self.min_p}")
         if not (_is_f32(self.repeat_penalty) and self.repeat_penalty >= F32_TINY):
-            raise GDecodeError(f"repeat_penalty must be a finite float32 number > 0, at least {F32_TINY:.3g} "
-                               f"(1 = off), got {self.repeat_penalty}")
+            raise BadSampling("repeat_penalty", f"must be a finite float32 number > 0, at least {F32_TINY:.3g} "
+                                                f"(1 = off), got {self.repeat_penalty}")
         if not _is_int(self.repeat_last_n) or self.repeat_last_n < -1:
-            raise GDecodeError(f"repeat_last_n must be an integer >= 0, or -1 for the whole context, "
-                               f"got {self.repeat_last_n}")
+            raise BadSampling("repeat_last_n", f"must be an integer >= 0, or -1 for the whole context, "
+                                               f"got {self.repeat_last_n}")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not _is_f32(v):
-                raise GDecodeError(f"{name} must be a finite float32 number (0 = off), got {v}")
+                raise BadSampling(name, f"must be a finite float32 number (0 = off), got {v}")
         if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise GDecodeError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+            raise BadSampling("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

@@ -16,26 +16,28 @@ def tiny(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("cli_sampling") / "m", "llama", tied=False, heads=4, kv_heads=2)
 
 
-# a bad value of each sampling option that generate and chat share, and the field the error names
+# a bad value of each sampling option that generate and chat share; the error names the option itself
 BAD_SHARED = [
-    (("--temperature", "-1"), "temperature"),
-    (("--top-k", "-1"), "top_k"),
-    (("--top-p", "0"), "top_p"),
-    (("--min-p", "1.5"), "min_p"),
-    (("--min-p", "-0.1"), "min_p"),
-    (("--repeat-penalty", "inf"), "repeat_penalty"),
-    (("--repeat-penalty", "nan"), "repeat_penalty"),
-    (("--presence-penalty", "inf"), "presence_penalty"),
-    (("--frequency-penalty", "nan"), "frequency_penalty"),
-    (("--repeat-last-n", "-2"), "repeat_last_n"),
+    (("--temperature", "-1"), "error: --temperature must be"),
+    (("--top-k", "-1"), "error: --top-k must be"),
+    (("--top-p", "0"), "error: --top-p must be"),
+    (("--min-p", "1.5"), "error: --min-p must be"),
+    (("--min-p", "-0.1"), "error: --min-p must be"),
+    (("--repeat-penalty", "inf"), "error: --repeat-penalty must be"),
+    (("--repeat-penalty", "nan"), "error: --repeat-penalty must be"),
+    (("--presence-penalty", "inf"), "error: --presence-penalty must be"),
+    (("--frequency-penalty", "nan"), "error: --frequency-penalty must be"),
+    (("--repeat-last-n", "-2"), "error: --repeat-last-n must be"),
+    (("--seed", "-1"), "error: --seed must be"),
+    (("--max-new-tokens", "0"), "--max-new-tokens"),  # chat: the option's own bound (typer)
 ]
 
 
 @pytest.mark.parametrize("backend", ["numpy", "cuda"])
 @pytest.mark.parametrize("args,needle", [
     *BAD_SHARED,
-    (("--logprobs", "21"), "logprobs"),
-    (("--logprobs", "-1"), "logprobs"),
+    (("--logprobs", "21"), "error: --logprobs must be"),
+    (("--logprobs", "-1"), "error: --logprobs must be"),
 ])
 def test_bad_sampling_options(tiny, backend, args, needle):
     assert_one_line_error(gdecode("generate", "hi", "--model", tiny, "--backend", backend, *args), needle)

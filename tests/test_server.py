@@ -185,8 +185,13 @@ def test_bad_requests_get_openai_errors(server, tiny):
     check_error(server, {"messages": user, "n": 2}, 400, "not supported", param="n")
     check_error(server, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "wizard", param="messages[0].role")
     check_error(server, {"messages": []}, 400, "at least one", param="messages")
-    check_error(server, {"messages": user, "temperature": -1}, 400, "temperature")
-    check_error(server, {"messages": user, "top_p": 0}, 400, "top_p")
+    check_error(server, {"messages": user, "temperature": -1}, 400, "'temperature' must be", param="temperature")
+    check_error(server, {"messages": user, "top_p": 0}, 400, "'top_p' must be", param="top_p")
+    # the request's names for the sampler's fields, not the engine's
+    check_error(server, {"messages": user, "repetition_penalty": 0}, 400, "'repetition_penalty' must be",
+                param="repetition_penalty")
+    check_error(server, {"messages": user, "frequency_penalty": 1e39}, 400, "'frequency_penalty' must be",
+                param="frequency_penalty")
     # the context holds 512 tokens: say by how much the prompt overflows it
     long = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. " * 60}]
     err = check_error(server, {"messages": long}, 400, "context", param="messages")
