@@ -61,6 +61,7 @@ class _Sampling(_Body):
     frequency_penalty: Union[float, None] = None
     stream: Union[bool, None] = None
     stream_options: Union[StreamOptions, None] = None
+    logit_bias: Union[dict, None] = None  # refused unless empty (check_common): it would change the reply
     ignore_eos: bool = False  # vLLM's and llama-server's extension: EOS does not end the reply
     cache_prompt: bool = True  # llama-server's extension: reuse the KV cache's matching prefix
 
@@ -70,6 +71,9 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Union[int, None] = None
     logprobs: Union[bool, None] = None
     top_logprobs: Union[int, None] = None
+    # refused when they ask for something (check_common): ignored, they would change the reply unannounced
+    response_format: Union[dict, None] = None
+    tools: Union[list, None] = None
 
 
 class CompletionRequest(_Sampling):
@@ -143,6 +147,15 @@ def check_common(req: ChatRequest | CompletionRequest, model_id: str) -> None:
     if req.n is not None and req.n != 1:
         raise ApiError(400, f"'n' must be 1: more than one choice per request is not supported (got {req.n})",
                        "n")
+    if req.logit_bias:
+        raise ApiError(400, "'logit_bias' is not supported", "logit_bias")
+    if isinstance(req, ChatRequest):
+        kind = (req.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise ApiError(400, f"'response_format' of type {kind!r} is not supported: replies are plain text",
+                           "response_format")
+        if req.tools:
+            raise ApiError(400, "'tools' (function calling) is not supported", "tools")
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise ApiError(400, "'echo' is not supported", "echo")

@@ -187,6 +187,15 @@ def test_bad_requests_get_openai_errors(server, tiny):
     check_error(server, {"messages": []}, 400, "at least one", param="messages")
     check_error(server, {"messages": user, "temperature": -1}, 400, "'temperature' must be", param="temperature")
     check_error(server, {"messages": user, "top_p": 0}, 400, "'top_p' must be", param="top_p")
+    # fields that would change the reply if honoured are refused, not ignored
+    check_error(server, {"messages": user, "logit_bias": {"42": 5}}, 400, "not supported", param="logit_bias")
+    check_error(server, {"messages": user, "response_format": {"type": "json_object"}}, 400, "json_object",
+                param="response_format")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    check_error(server, {"messages": user, "tools": [tool]}, 400, "not supported", param="tools")
+    for harmless in ({"logit_bias": {}}, {"response_format": {"type": "text"}}, {"tools": []}):
+        got, answer, _ = server.post("/v1/chat/completions", {"messages": user, "max_tokens": 1, **harmless})
+        assert got == 200, (harmless, answer)
     # the request's names for the sampler's fields, not the engine's
     check_error(server, {"messages": user, "repetition_penalty": 0}, 400, "'repetition_penalty' must be",
                 param="repetition_penalty")
