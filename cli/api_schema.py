@@ -208,7 +208,7 @@ def sampling_params(req: ChatRequest | CompletionRequest, default_max: int) -> S
         ("repetition_penalty", "repeat_penalty", req.repetition_penalty, 1.0),
         ("presence_penalty", "presence_penalty", req.presence_penalty, 0.0),
         ("frequency_penalty", "frequency_penalty", req.frequency_penalty, 0.0),
-        ("logprobs", "logprobs", logprobs_of(req), None),
+        ("top_logprobs" if isinstance(req, ChatRequest) else "logprobs", "logprobs", logprobs_of(req), None),
     )
     for param, name, value, off in fields:
         if value is None or (value == off and off is not None and name not in have):
@@ -221,8 +221,6 @@ def sampling_params(req: ChatRequest | CompletionRequest, default_max: int) -> S
     except BadSampling as e:
         # the request's own name for the field: 'repetition_penalty', not repeat_penalty
         param = {name: param for param, name, _, _ in fields}.get(e.field, e.field)
-        if param == "logprobs" and isinstance(req, ChatRequest):
-            param = "top_logprobs"
         raise ApiError(400, str(e.renamed(f"'{param}'")), param) from None
     except GDecodeError as e:
         raise ApiError(400, str(e)) from None

@@ -99,8 +99,8 @@ def _balanced(units: int, chunks: int, s: int, tuning: GemvTuning, sms: int) -> 
     each warp still with two chunks per lane at least; balance 1: only where every warp has a unit already."""
     slots = tuning.warps * tuning.min_blocks * sms
 
-    def filled(s):
-        return units * s / (math.ceil(units * s / slots) * slots)
+    def filled(split):
+        return units * split / (math.ceil(units * split / slots) * slots)
 
     if tuning.balance == 1 and units * s < slots:
         return s
