@@ -7,7 +7,8 @@ candidate), microseconds per launch from CUDA events; then one launch of the PRO
 0 leaves clock64 and globaltimer at its phase boundaries: start, Gumbel scores done, warp records, block
 records, the overall records released by the merging block, loaded, counts added; and the finishing block's
 end.
---prev also times kernels/sample_prev.cu (an older kernel with the same arguments) when it is there;
+--prev also times kernels/sample_prev.cu (an older kernel with the same arguments and scratch layout)
+when it is there;
 --one-level also times the kernel whose final merge is one warp over every block's list (MERGE_GROUPS=1)
 against the default two levels (16 warps over a few lists each, then one warp over their 16 lists).
 """
@@ -34,10 +35,8 @@ def run(cp, source: str, vocab: int, params: SamplingParams, launches: int, prof
 
     grid, per = ops.sample_shape(vocab, ops.sm_count())
     words = ops.sample_work_words(grid)
-    # the older kernel keeps no overall records in its scratch
-    layout = words - 2 * ops.SAMPLE_MAX_RECORDS if source == "sample_prev" else words
     defines = dict(BLOCK=ops.SAMPLE_BLOCK, PER_THREAD=per, BLOCKS=grid, MAX_RECORDS=ops.SAMPLE_MAX_RECORDS,
-                   MAX_LOGPROBS=ops.SAMPLE_MAX_LOGPROBS, LP_WORDS=ops.SAMPLE_LP_WORDS, WORK_WORDS=layout, **extra)
+                   MAX_LOGPROBS=ops.SAMPLE_MAX_LOGPROBS, LP_WORDS=ops.SAMPLE_LP_WORDS, WORK_WORDS=words, **extra)
     if profile:
         defines["PROFILE_AT"] = words
     max_ctx = launches + 16

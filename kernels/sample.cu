@@ -1,11 +1,12 @@
 // Picks the next token on the device and advances the decode state: BLOCKS blocks of BLOCK threads, block
 // b over logits [b * SLICE, (b + 1) * SLICE), PER_THREAD per thread. The rule is engine/sampling.py's, bit for
 // bit: penalties, then greedy or z = l / T; the "records" (the Gumbel winner over all tokens, then over
-// the tokens above its z, ...) are found per warp and merged per block by one warp; the last block to
-// arrive merges every block's records into the overall ones (one warp walking the sorted lists, a step
-// per list and round) and hands them out; every block then counts the tokens and integer masses above
-// each record's z (only what top-k and top-p need); the last block to finish takes the first record
-// that top-k, top-p and min-p keep. No sort, no block-wide barrier per round, and the cost hardly
+// the tokens above its z, ...) are found per warp and merged per block, a warp per range of z (the
+// block's first warp's records cut the ranges); the last block to arrive merges every block's records
+// into the overall ones (16 warps over every 16th block's list each, the lists gathered into registers,
+// then a warp per range of z over their 16 lists) and hands them out; every block then counts the
+// tokens and integer masses above each record's z (only what top-k and top-p need); the last block to
+// finish takes the first record that top-k, top-p and min-p keep. No sort, no block-wide barrier per round, and the cost hardly
 // depends on the filters. Sums are integers (exact in any order) and exp/log use correctly rounded float
 // operations only, so the numpy sampler draws the same tokens.
 // The blocks wait for the merging one: all BLOCKS must be resident at once (BLOCKS <= the SM count; see
@@ -207,15 +208,106 @@ __device__ __forceinline__ int merge_records(Len len, Entry entry, unsigned long
     return n;
 }
 
-// warp 0: the records over LISTS per-warp lists (list b: n[b] entries k[j][b], z[j][b]) into out_k / out_z
-template <int LISTS>
+// one warp: the records over LISTS lists (list b: len(b) entries entry(b, j, k, z)) of at most
+// Gather<LISTS, N>::CAP entries each, gathered into registers and raced like the warp's own logits
+// (warp_records): entry j of list b goes to lane b + WAYS * (j % LANES), slot j / LANES. A round then
+// compares registers instead of walking list heads through shared memory.
+template <int LISTS, int N>
+struct Gather {
+    static constexpr int WAYS = LISTS <= 1 ? 1 : LISTS <= 2 ? 2 : LISTS <= 4 ? 4 : LISTS <= 8 ? 8 : LISTS <= 16 ? 16 : 32;
+    static constexpr int LANES = 32 / WAYS;
+    static constexpr int CAP = LANES * N;
+};
+
+template <int LISTS, int N, class Len, class Entry>
+__device__ __forceinline__ int gather_records(Len len, Entry entry, unsigned long long* out_k, unsigned* out_z,
+                                              int stride) {
+    using G = Gather<LISTS, N>;
+    static_assert(LISTS <= 32, "a lane per list at least");
+    const int lane = threadIdx.x & 31, b = lane % G::WAYS, first = lane / G::WAYS;
+    const int cnt = b < LISTS ? len(b) : 0;
+    unsigned zk[N];
+    unsigned long long rk[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int j = first + G::LANES * i;
+        zk[i] = 0;
+        rk[i] = 0;
+        if (j < cnt) entry(b, j, rk[i], zk[i]);
+    }
+    return warp_records<N>(zk, rk, out_k, out_z, stride);
+}
+
+// warp 0: the records over LISTS per-warp lists (list b: n[b] entries k[j][b], z[j][b]) into out_k / out_z,
+// gathered into N registers per lane when every list fits
+template <int LISTS, int N>
 __device__ __forceinline__ int merge_warp_lists(const int* n, const unsigned long long (*k)[BLOCK_WARPS],
                                                 const unsigned (*z)[BLOCK_WARPS], unsigned long long* out_k,
                                                 unsigned* out_z) {
-    return merge_records<LISTS>([=](int b) { return n[b]; }, [=](int b, int j, unsigned long long& kk, unsigned& zz) {
+    const auto len = [=](int b) { return n[b]; };
+    const auto entry = [=](int b, int j, unsigned long long& kk, unsigned& zz) {
         kk = k[j][b];
         zz = z[j][b];
-    }, out_k, out_z, 1);
+    };
+    const int lane = threadIdx.x & 31;
+    const int most = __reduce_max_sync(0xffffffffu, lane < LISTS ? (unsigned)n[lane] : 0u);
+    if (most <= Gather<LISTS, N>::CAP) return gather_records<LISTS, N>(len, entry, out_k, out_z, 1);
+    return merge_records<LISTS>(len, entry, out_k, out_z, 1);
+}
+
+// the whole block: the records over LISTS lists (list b: n[b] entries k[j][b], z[j][b], zk ascending), where
+// every list fits Gather<LISTS, N>::CAP. List 0's entries cut the z axis into ranges, a warp per range
+// (the last range takes what is above the last cut). An entry is a record iff no entry with a z key as
+// large has a larger key; those above its range count only through their largest key, so a range's
+// records are the records of its entries with a key above that (warp_records over the gathered lists).
+// Each warp stages its range's records, and after a barrier they are emitted in range order:
+// emit(place, k, z) for the first MAX_RECORDS. Returns their count on every thread.
+template <int LISTS, int N, class Emit>
+__device__ __forceinline__ int range_records(const int* n, const unsigned long long (*k)[BLOCK_WARPS],
+                                             const unsigned (*z)[BLOCK_WARPS], unsigned long long (*stage_k)[MAX_RECORDS],
+                                             unsigned (*stage_z)[MAX_RECORDS], int* stage_n, Emit emit) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ranges = min(n[0], BLOCK_WARPS - 1) + 1;
+    if (warp < ranges) {
+        const unsigned lo = warp ? z[warp - 1][0] : 0u;
+        const bool last = warp == ranges - 1;
+        const unsigned hi = last ? 0u : z[warp][0];
+        const int b = lane % Gather<LISTS, N>::WAYS, first = lane / Gather<LISTS, N>::WAYS;
+        const int cnt = b < LISTS ? n[b] : 0;
+        unsigned zk[N];
+        unsigned long long rk[N], above = 0;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const int j = first + Gather<LISTS, N>::LANES * i;
+            zk[i] = 0;
+            rk[i] = 0;
+            if (j < cnt) {
+                zk[i] = z[j][b];
+                rk[i] = k[j][b];
+            }
+            if (!last && zk[i] >= hi) above = max(above, rk[i]);
+        }
+        {
+            unsigned dummy = 0;
+            above = warp_best(above, dummy);
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            if (zk[i] < lo || (!last && zk[i] >= hi) || rk[i] <= above) zk[i] = 0;  // not a candidate here
+        const int c = warp_records<N>(zk, rk, stage_k[warp], stage_z[warp], 1);
+        if (lane == 0) stage_n[warp] = c;
+    }
+    __syncthreads();
+    int at = 0, total = 0;
+    for (int r = 0; r < ranges; ++r) {
+        const int c = stage_n[r];
+        at += r < warp ? c : 0;
+        total += c;
+    }
+    if (warp < ranges) {
+        for (int j = lane; j < stage_n[warp] && at + j < MAX_RECORDS; j += 32) emit(at + j, stage_k[warp][j], stage_z[warp][j]);
+    }
+    return min(total, MAX_RECORDS);
 }
 
 // warp g of the merging block: the records over the lists of blocks g, g + MERGE_GROUPS, ... (count pool_n[b],
@@ -226,9 +318,22 @@ __device__ __forceinline__ int merge_group(const int* pool_n, const unsigned lon
                                            const unsigned (*pool_z)[BLOCKS], const unsigned long long* work,
                                            unsigned long long* out_k, unsigned* out_z,
                                            unsigned long long (*group_k)[BLOCK_WARPS], unsigned (*group_z)[BLOCK_WARPS]) {
+    constexpr int LISTS = (BLOCKS + MERGE_GROUPS - 1) / MERGE_GROUPS;
     const int g = threadIdx.x >> 5;
-    return merge_records<(BLOCKS + MERGE_GROUPS - 1) / MERGE_GROUPS>(
-        [=](int l) { return g + MERGE_GROUPS * l < BLOCKS ? pool_n[g + MERGE_GROUPS * l] : 0; },
+    const auto len = [=](int l) { return g + MERGE_GROUPS * l < BLOCKS ? pool_n[g + MERGE_GROUPS * l] : 0; };
+    if constexpr (!LONGER && LISTS <= 32) {
+        constexpr int N = (PRELOAD + Gather<LISTS, 1>::LANES - 1) / Gather<LISTS, 1>::LANES;
+        return gather_records<LISTS, N>(
+            len,
+            [=](int l, int j, unsigned long long& k, unsigned& z) {
+                k = pool_k[j][g + MERGE_GROUPS * l];
+                z = pool_z[j][g + MERGE_GROUPS * l];
+            },
+            MERGE_GROUPS > 1 ? &group_k[0][g] : out_k, MERGE_GROUPS > 1 ? &group_z[0][g] : out_z,
+            MERGE_GROUPS > 1 ? BLOCK_WARPS : 1);
+    }
+    return merge_records<LISTS>(
+        len,
         [=](int l, int j, unsigned long long& k, unsigned& z) {
             const int b = g + MERGE_GROUPS * l;
             if (!LONGER || j < PRELOAD) {
@@ -345,8 +450,20 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             unsigned count[BLOCK_WARPS][MAX_RECORDS];
         } part;
     } per_warp;
-    __shared__ unsigned long long pool_k[PRELOAD][BLOCKS];
-    __shared__ unsigned pool_z[PRELOAD][BLOCKS];
+    // the merging block's gathered lists; before them, each range's records in range_records
+    __shared__ union {
+        struct {
+            unsigned long long k[PRELOAD][BLOCKS];
+            unsigned z[PRELOAD][BLOCKS];
+        } pool;
+        struct {
+            unsigned long long k[BLOCK_WARPS][MAX_RECORDS];
+            unsigned z[BLOCK_WARPS][MAX_RECORDS];
+        } stage;
+    } lists;
+    auto& pool_k = lists.pool.k;
+    auto& pool_z = lists.pool.z;
+    __shared__ int stage_n[BLOCK_WARPS];
     __shared__ int warp_n[BLOCK_WARPS], pool_n[BLOCKS];
     __shared__ int n_shared, is_last, merging;
     __shared__ unsigned long long launch_no;
@@ -445,9 +562,21 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             if (lane == 0) warp_n[warp] = nw;
             __syncthreads();
             MARK(2, blockIdx.x == 0)
-            // the block's records: warp 0 merges the warps' lists and publishes them
-            if (warp == 0) {
-                const int n = merge_warp_lists<BLOCK_WARPS>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z);
+            // the block's records over the warps' lists, published: a warp per z range when every list fits,
+            // else warp 0 alone
+            int most = 0;
+#pragma unroll
+            for (int w = 0; w < BLOCK_WARPS; ++w) most = max(most, warp_n[w]);
+            if (most <= Gather<BLOCK_WARPS, 8>::CAP) {
+                const int n = range_records<BLOCK_WARPS, 8>(warp_n, per_warp.rec.k, per_warp.rec.z, lists.stage.k,
+                                                            lists.stage.z, stage_n,
+                                                            [=](int j, unsigned long long k, unsigned z) {
+                                                                mine[B_REC + 2 * j] = k;
+                                                                mine[B_REC + 2 * j + 1] = z;
+                                                            });
+                if (tid == 0) mine[B_NREC] = n;
+            } else if (warp == 0) {
+                const int n = merge_warp_lists<BLOCK_WARPS, 8>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z);
                 __syncwarp();
                 for (int j = lane; j < n; j += 32) {
                     mine[B_REC + 2 * j] = rec_k[j];
@@ -500,9 +629,33 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 }
                 if (MERGE_GROUPS > 1) __syncthreads();
                 MARK(10, true)
-                if (warp == 0) {
+                int most = 0;
+#pragma unroll
+                for (int g = 0; g < MERGE_GROUPS; ++g) most = max(most, warp_n[g]);
+                if (MERGE_GROUPS > 1 && most <= Gather<MERGE_GROUPS, 12>::CAP) {
+                    // a warp per z range
+                    const int n = range_records<MERGE_GROUPS, 12>(warp_n, per_warp.rec.k, per_warp.rec.z, lists.stage.k,
+                                                                  lists.stage.z, stage_n,
+                                                                  [&](int j, unsigned long long k, unsigned z) {
+                                                                      rec_k[j] = k;
+                                                                      rec_z[j] = z;
+                                                                      if (!direct) {
+                                                                          work[W_REC + 2 * j] = k;
+                                                                          work[W_REC + 2 * j + 1] = z;
+                                                                      }
+                                                                  });
+                    __syncthreads();
+                    if (tid == 0) {
+                        n_shared = n;
+                        if (!direct) {
+                            work[W_NREC] = n;
+                            MARK(11, true)
+                            st_release(work + W_MERGED, launch_no);
+                        }
+                    }
+                } else if (warp == 0) {
                     const int n = MERGE_GROUPS > 1
-                        ? merge_warp_lists<MERGE_GROUPS>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z)
+                        ? merge_warp_lists<MERGE_GROUPS, 12>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z)
                         : warp_n[0];
                     if (lane == 0) n_shared = n;
                     if (!direct) {
