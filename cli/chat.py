@@ -66,8 +66,7 @@ def _read(prompt: str) -> str | None:
 def chat(
     model: Path = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Hugging Face model directory or .gguf file."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message that starts the chat."),
-    max_new_tokens: int = typer.Option(_P.max_new_tokens, "--max-new-tokens", "-n", min=1,
-                                       help="Tokens per reply at most."),
+    max_new_tokens: int = typer.Option(_P.max_new_tokens, "--max-new-tokens", "-n", help="Tokens per reply at most."),
     sampling: dict = None,  # the shared sampling options (cli/sampling_options.py)
     seed: Optional[int] = typer.Option(None, help="Sampling seed; the same seed gives the same replies."),
     backend: str = typer.Option("auto", help="auto | cuda | numpy"),

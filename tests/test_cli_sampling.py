@@ -29,7 +29,7 @@ BAD_SHARED = [
     (("--frequency-penalty", "nan"), "error: --frequency-penalty must be"),
     (("--repeat-last-n", "-2"), "error: --repeat-last-n must be"),
     (("--seed", "-1"), "error: --seed must be"),
-    (("--max-new-tokens", "0"), "--max-new-tokens"),  # chat: the option's own bound (typer)
+    (("--max-new-tokens", "0"), "error: --max-new-tokens must be >= 1, got 0"),
 ]
 
 
