@@ -276,6 +276,7 @@ __device__ __forceinline__ int range_records(const int* n, const unsigned long l
         const int cnt = b < LISTS ? n[b] : 0;
         unsigned zk[N];
         unsigned long long rk[N], above = 0;
+        // gathered as in gather_records, the largest key above the range taken on the way
 #pragma unroll
         for (int i = 0; i < N; ++i) {
             const int j = first + Gather<LISTS, N>::LANES * i;
@@ -348,6 +349,13 @@ __device__ __forceinline__ int merge_group(const int* pool_n, const unsigned lon
         MERGE_GROUPS > 1 ? &group_k[0][g] : out_k, MERGE_GROUPS > 1 ? &group_z[0][g] : out_z,
         MERGE_GROUPS > 1 ? BLOCK_WARPS : 1);
 }
+
+// record lists in shared memory: (key, z key) pairs, [R][C]
+template <int R, int C>
+struct KeyLists {
+    unsigned long long k[R][C];
+    unsigned z[R][C];
+};
 
 // double-buffered per-warp bests of a round: one barrier per round
 struct Rounds {
@@ -441,10 +449,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     // record lists, entry-major so that the lanes walking them read distinct banks; the warps' lists
     // are done with when their partial counts come
     __shared__ union {
-        struct {
-            unsigned long long k[MAX_RECORDS][BLOCK_WARPS];
-            unsigned z[MAX_RECORDS][BLOCK_WARPS];
-        } rec;
+        KeyLists<MAX_RECORDS, BLOCK_WARPS> rec;
         struct {
             unsigned long long mass[BLOCK_WARPS][MAX_RECORDS];
             unsigned count[BLOCK_WARPS][MAX_RECORDS];
@@ -452,14 +457,8 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     } per_warp;
     // the merging block's gathered lists; before them, each range's records in range_records
     __shared__ union {
-        struct {
-            unsigned long long k[PRELOAD][BLOCKS];
-            unsigned z[PRELOAD][BLOCKS];
-        } pool;
-        struct {
-            unsigned long long k[BLOCK_WARPS][MAX_RECORDS];
-            unsigned z[BLOCK_WARPS][MAX_RECORDS];
-        } stage;
+        KeyLists<PRELOAD, BLOCKS> pool;
+        KeyLists<BLOCK_WARPS, MAX_RECORDS> stage;
     } lists;
     auto& pool_k = lists.pool.k;
     auto& pool_z = lists.pool.z;
