@@ -18,10 +18,34 @@ from pathlib import Path
 import numpy as np
 
 
-def main():
+def time_hops(stream, hops, count, reps: int = 20, rounds: int = 7) -> float:
+    """Median microseconds per launch of `hops` captured into one graph (`rounds` timings of `reps` replays,
+    CUDA events); every launch bumps count[block], and every launch of every replay is checked to have run."""
     import cupy as cp
 
     from graphs.graph import capture
+
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    with stream:
+        graph = capture(stream, hops)
+        graph.replay(stream)
+        stream.synchronize()
+        times = []
+        for _ in range(rounds):
+            start.record(stream)
+            for _ in range(reps):
+                graph.replay(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / reps / len(hops))
+    got = cp.asnumpy(count)
+    assert np.all(got == len(hops) * (1 + rounds * reps)), got[:4]
+    return statistics.median(times)
+
+
+def main():
+    import cupy as cp
+
     from kernels.bandwidth import copy_bandwidth
     from kernels.launch import Module
     from kernels.ops import sm_count
@@ -33,28 +57,12 @@ def main():
     fn = Module.load(Path(__file__).with_suffix(".cu").resolve()).function("hop", "P")
     sms = sm_count()
     stream = cp.cuda.Stream(non_blocking=True)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    reps = 20
     for grid, warps in ((sms, 16), (4 * sms, 4), (1, 1)):
         for pdl in (True, False):
             count = cp.zeros(grid, cp.uint32)
             hops = [fn.prepare(grid, 32 * warps, [count], pdl=pdl) for _ in range(args.hops)]
-            with stream:
-                graph = capture(stream, hops)
-                graph.replay(stream)
-                stream.synchronize()
-                times = []
-                for _ in range(7):
-                    start.record(stream)
-                    for _ in range(reps):
-                        graph.replay(stream)
-                    end.record(stream)
-                    end.synchronize()
-                    times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / reps / args.hops)
-            got = cp.asnumpy(count)
-            assert np.all(got == args.hops * (1 + 7 * reps)), got[:4]
-            print(f"grid {grid:4d} x {warps:2d} warps, pdl {int(pdl)}: {statistics.median(times):.2f} us per launch",
-                  flush=True)
+            us = time_hops(stream, hops, count)
+            print(f"grid {grid:4d} x {warps:2d} warps, pdl {int(pdl)}: {us:.2f} us per launch", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import subprocess
 import tempfile
 from pathlib import Path
 
-import numpy as np
+from boundary_probe import time_hops
 
 SOURCE = Path(__file__).with_suffix(".cu").resolve()
 
@@ -39,7 +38,6 @@ def code_bytes(module) -> int:
 def main():
     import cupy as cp
 
-    from graphs.graph import capture
     from kernels.bandwidth import copy_bandwidth
     from kernels.launch import Module
     from kernels.ops import sm_count
@@ -52,8 +50,7 @@ def main():
     print(f"copy bandwidth {copy_bandwidth(1 << 30, 5):,.0f} GB/s", flush=True)
     sms = sm_count()
     stream = cp.cuda.Stream(non_blocking=True)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    reps, grid, threads = 20, sms, 128
+    grid, threads = sms, 128
     out = cp.zeros(threads, cp.float32)
     for ops in (int(v) for v in args.ops.split(",")):
         mods = [Module.load(SOURCE, dict(OPS=ops, SALT=c)) for c in range(args.copies)]
@@ -62,21 +59,7 @@ def main():
         for copies in (1, args.copies):
             count = cp.zeros(grid, cp.uint32)
             hops = [fns[h % copies].prepare(grid, threads, [out, count], pdl=True) for h in range(args.hops)]
-            with stream:
-                graph = capture(stream, hops)
-                graph.replay(stream)
-                stream.synchronize()
-                times = []
-                for _ in range(7):
-                    start.record(stream)
-                    for _ in range(reps):
-                        graph.replay(stream)
-                    end.record(stream)
-                    end.synchronize()
-                    times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / reps / args.hops)
-            got = cp.asnumpy(count)
-            assert np.all(got == args.hops * (1 + 7 * reps)), got[:4]
-            row.append(statistics.median(times))
+            row.append(time_hops(stream, hops, count))
         print(f"{ops:5d} FADDs, {code_bytes(mods[0]) / 1024:6.1f} KiB of code: one copy {row[0]:.2f} us per launch, "
               f"{args.copies} copies in turn {row[1]:.2f} us (+{row[1] - row[0]:.2f})", flush=True)
         for m in mods:
