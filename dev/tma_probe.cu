@@ -24,6 +24,10 @@
 #ifndef BATCH
 #define BATCH 4
 #endif
+#ifndef DPLANE
+#define DPLANE 0  // gemv_reg: 0 no block scales; 1 an fp16 d per 32 weights after the row's quants, loaded with
+                  // each chunk (kernels/quant_layout.py's D plane); 2 the same d's ordered per batch, one load
+#endif
 #ifndef STAGES
 #define STAGES 0  // 0: gemv_reg, else gemv_tma
 #endif
@@ -34,6 +38,7 @@ constexpr int BATCHES = ITERS / BATCH;
 constexpr int UNITS = NROWS / RPW;
 constexpr int SEG = BATCH * 512;        // bytes of one row in one batch
 constexpr int STAGE = RPW * SEG;        // bytes of one stage
+constexpr int ROWB = DPLANE ? KX + KX / 16 : KX;  // bytes of a row: quants, then the d plane
 static_assert(ITERS % BATCH == 0 && NROWS % RPW == 0, "whole batches and units");
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -101,6 +106,57 @@ __device__ __forceinline__ void finish(int u, const float* __restrict__ rs, floa
 }
 
 #if STAGES == 0
+__device__ __forceinline__ float h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ unsigned short ld_d(const unsigned char* p, bool early) {
+    unsigned short r;
+    if (early)
+        asm volatile("ld.global.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    else
+        asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ uint2 ld_d4(const unsigned char* p, bool early) {
+    uint2 r;
+    if (early)
+        asm volatile("ld.global.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    else
+        asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+// the d's of batch b of a row for this lane: DPLANE 1 one load per chunk, 2 one load for the batch
+__device__ __forceinline__ void load_d(const unsigned char* row, int b, int lane, bool ok, bool early,
+                                       unsigned short (&d)[BATCH]) {
+    static_assert(DPLANE != 2 || BATCH == 4, "DPLANE 2 loads 4 d's a batch");
+    if (DPLANE == 1) {
+#pragma unroll
+        for (int v = 0; v < BATCH; ++v) d[v] = ok ? ld_d(row + KX + 2 * ((((b * BATCH + v) * 32 + lane)) >> 1), early) : 0;
+    } else if (DPLANE == 2) {
+        const uint2 q = ok ? ld_d4(row + KX + 2 * ((b * 16 + (lane >> 1)) * BATCH), early) : make_uint2(0, 0);
+        d[0] = q.x & 0xffff; d[1] = q.x >> 16; d[2] = q.y & 0xffff; d[3] = q.y >> 16;
+    }
+}
+
+__device__ __forceinline__ void dot_chunk_d(const uint4 (&w)[RPW], const unsigned short (&d)[RPW], const unsigned char* xq,
+                                            const float* xd, int k, float (&acc)[RPW]) {
+    const uint4 q = reinterpret_cast<const uint4*>(xq)[k];
+    const float dx = xd[k >> 1];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        int s = __dp4a((int)w[r].x, (int)q.x, 0);
+        s = __dp4a((int)w[r].y, (int)q.y, s);
+        s = __dp4a((int)w[r].z, (int)q.z, s);
+        s = __dp4a((int)w[r].w, (int)q.w, s);
+        acc[r] = DPLANE ? fmaf(dx * h2f(d[r]), (float)s, acc[r]) : fmaf(dx, (float)s, acc[r]);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
     gemv_reg(const unsigned char* __restrict__ w, const float* __restrict__ rs, const float* x, float* y) {
     __shared__ __align__(16) unsigned char xq[KX];
@@ -108,11 +164,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, stride = gridDim.x * WARPS;
     int u = blockIdx.x * WARPS + warp;
     uint4 a[BATCH][RPW];
+    unsigned short ad[RPW][BATCH];
 #pragma unroll
     for (int v = 0; v < BATCH; ++v)
 #pragma unroll
         for (int r = 0; r < RPW; ++r)
-            a[v][r] = u < UNITS ? ld_early(w + (size_t)(u * RPW + r) * KX + 16 * (v * 32 + lane)) : make_uint4(0, 0, 0, 0);
+            a[v][r] = u < UNITS ? ld_early(w + (size_t)(u * RPW + r) * ROWB + 16 * (v * 32 + lane)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) load_d(w + (size_t)(u * RPW + r) * ROWB, 0, lane, u < UNITS, true, ad[r]);
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     stage_x(x, xq, xd);
@@ -126,18 +185,30 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
             const bool next_unit = b + 1 == BATCHES;
             const int nu = next_unit ? u + stride : u, nb = next_unit ? 0 : b + 1;
             uint4 na[BATCH][RPW];
+            unsigned short nd[RPW][BATCH];
 #pragma unroll
             for (int v = 0; v < BATCH; ++v)
 #pragma unroll
                 for (int r = 0; r < RPW; ++r)
-                    na[v][r] = nu < UNITS ? ld_stream(w + (size_t)(nu * RPW + r) * KX + 16 * ((nb * BATCH + v) * 32 + lane))
+                    na[v][r] = nu < UNITS ? ld_stream(w + (size_t)(nu * RPW + r) * ROWB + 16 * ((nb * BATCH + v) * 32 + lane))
                                           : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int v = 0; v < BATCH; ++v) dot_chunk(a[v], xq, xd, (b * BATCH + v) * 32 + lane, acc);
+            for (int r = 0; r < RPW; ++r) load_d(w + (size_t)(nu * RPW + r) * ROWB, nb, lane, nu < UNITS, false, nd[r]);
+#pragma unroll
+            for (int v = 0; v < BATCH; ++v) {
+                unsigned short dv[RPW];
+#pragma unroll
+                for (int r = 0; r < RPW; ++r) dv[r] = ad[r][v];
+                dot_chunk_d(a[v], dv, xq, xd, (b * BATCH + v) * 32 + lane, acc);
+            }
 #pragma unroll
             for (int v = 0; v < BATCH; ++v)
 #pragma unroll
                 for (int r = 0; r < RPW; ++r) a[v][r] = na[v][r];
+#pragma unroll
+            for (int r = 0; r < RPW; ++r)
+#pragma unroll
+                for (int v = 0; v < BATCH; ++v) ad[r][v] = nd[r][v];
         }
         finish(u, rs, y, acc, lane);
     }

@@ -19,11 +19,19 @@ from pathlib import Path
 import numpy as np
 
 LAYER = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336))
-# name: (kernel, warps, stages, batch); batch must divide K / 512 for every K above (8 and 28)
+# name: (kernel, warps, stages, batch[, d plane]); batch must divide K / 512 for every K above (8 and 28)
 VARIANTS = {
     "reg": ("gemv_reg", 16, 0, 4),
+    "reg d per chunk": ("gemv_reg", 16, 0, 4, 1),
+    "reg d per batch": ("gemv_reg", 16, 0, 4, 2),
     "tma w16 s3 b2": ("gemv_tma", 16, 3, 2),
     "tma w16 s2 b2": ("gemv_tma", 16, 2, 2),
+    "tma w16 s4 b2": ("gemv_tma", 16, 4, 2),
+    "tma w16 s6 b2": ("gemv_tma", 16, 6, 2),
+    "tma w16 s3 b4": ("gemv_tma", 16, 3, 4),
+    "tma w8 s6 b4": ("gemv_tma", 8, 6, 4),
+    "tma w8 s12 b2": ("gemv_tma", 8, 12, 2),
+    "tma w4 s12 b4": ("gemv_tma", 4, 12, 4),
     "tma w16 s4 b1": ("gemv_tma", 16, 4, 1),
     "tma w8 s3 b4": ("gemv_tma", 8, 3, 4),
     "tma w8 s6 b2": ("gemv_tma", 8, 6, 2),
@@ -33,6 +41,7 @@ MAXN = 28672
 
 def main():
     import cupy as cp
+    from cuda.bindings import driver
 
     from graphs.graph import capture
     from kernels.bandwidth import copy_bandwidth
@@ -59,30 +68,57 @@ def main():
     x0 = cp.asarray(rng.standard_normal(MAXN).astype(np.float32))
     bufs = [cp.empty(MAXN, cp.float32), cp.empty(MAXN, cp.float32)]
     stream = cp.cuda.Stream(non_blocking=True)
-    ref_out = None
+    ref_out = d_out = None
+    d_nbytes = sum(n * k // 16 for _, n, k in LAYER)
+
+    def with_d(mat, dplane):
+        """mat's quants with an fp16 d per 32 weights after each row (d's made from the quants, in [0.5, 1)),
+        ordered per chunk (dplane 1) or per batch of 4 chunk steps and lane pair (2)"""
+        w, rs = mat
+        n, k = w.shape
+        d = (0.5 + (cp.arange(n * (k // 32), dtype=cp.float32).reshape(n, k // 32) % 61) / 122).astype(cp.float16)
+        if dplane == 2:  # block it * 16 + p, it = 4b + v, at (b * 16 + p) * 4 + v
+            blk = cp.arange(k // 32)
+            it, p = blk // 16, blk % 16
+            pos = ((it // 4) * 16 + p) * 4 + it % 4
+            d2 = cp.empty_like(d)
+            d2[:, pos] = d
+            d = d2
+        return cp.concatenate([w.view(cp.uint8), d.view(cp.uint8)], axis=1), rs
+
     names = [v for v in VARIANTS if args.only is None or v in args.only or v == "reg"]
     for name in names:
-        kname, warps, stages, batch = VARIANTS[name]
+        kname, warps, stages, batch, *dplane = VARIANTS[name]
+        dplane = dplane[0] if dplane else 0
         launches = []
         fns = {}
         for _, n, k in LAYER:
-            mod = Module.load(src, {"KX": k, "NROWS": n, "WARPS": warps, "STAGES": stages, "BATCH": batch})
+            mod = Module.load(
+                src, {"KX": k, "NROWS": n, "WARPS": warps, "STAGES": stages, "BATCH": batch, "DPLANE": dplane}
+            )
             fn = mod.function(kname, "PPPP")
             smem = 0
             if kname == "gemv_tma":
                 out = cp.zeros(1, cp.int32)
                 mod.function("tma_smem", "P").launch(1, 1, [out])
                 smem = int(out.get()[0])
-            st = mod.stats
+            st = mod.stats[kname]
             fns[(n, k)] = (fn, smem)
+            fn.set_max_dynamic_smem(smem) if smem else None
+            per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn.func, 32 * warps, smem)[1]
             if name == names[0] or kname == "gemv_tma":
-                print(f"  {name} {n}x{k}: {st.registers} regs, smem {smem}, spills {st.spill_stores}", flush=True)
+                print(
+                    f"  {name} {n}x{k}: {st.registers} regs, smem {smem}, spills {st.spill_stores}, "
+                    f"{per_sm} blocks per SM",
+                    flush=True,
+                )
         i = 0
-        for layer in weights:
+        for layer in weights if not dplane else [[with_d(w, dplane) for w in layer] for layer in weights]:
             for (_, n, k), (w, rs) in zip(LAYER, layer, strict=True):
                 fn, smem = fns[(n, k)]
-                launches.append(fn.prepare(sms, 32 * warps, [w, rs, bufs[i % 2], bufs[(i + 1) % 2]], smem=smem,
-                                           pdl=True))
+                launches.append(
+                    fn.prepare(sms, 32 * warps, [w, rs, bufs[i % 2], bufs[(i + 1) % 2]], smem=smem, pdl=True)
+                )
                 i += 1
         with stream:
             bufs[0][:] = x0
@@ -103,7 +139,13 @@ def main():
             graph.replay(stream)
             stream.synchronize()
             out = cp.asnumpy(bufs[i % 2])
-            if ref_out is None:
+            if dplane:
+                if d_out is None:
+                    d_out = out
+                else:
+                    same = np.array_equal(out[:4096].view(np.uint32), d_out[:4096].view(np.uint32))
+                    print(f"  {name}: output {'equals' if same else 'DIFFERS FROM'} d per chunk's", flush=True)
+            elif ref_out is None:
                 ref_out = out
                 assert np.all(np.isfinite(out[:4096])), out[:8]
             else:
@@ -119,7 +161,8 @@ def main():
                 end.synchronize()
                 times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / 10 / args.layers)
         us = statistics.median(times)
-        print(f"{name:16s} {us:8.2f} us per layer, {nbytes / us / 1e3:8.1f} GB/s", flush=True)
+        nb = nbytes + (d_nbytes if dplane else 0)
+        print(f"{name:16s} {us:8.2f} us per layer, {nb / us / 1e3:8.1f} GB/s", flush=True)
 
 
 if __name__ == "__main__":
