@@ -39,6 +39,48 @@ VARIANTS = {
 MAXN = 28672
 
 
+def time_graph(graph, stream) -> float:
+    """Median us per replay of 7 timings of 10 replays (CUDA events)."""
+    import cupy as cp
+
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    with stream:
+        for _ in range(7):
+            start.record(stream)
+            for _ in range(10):
+                graph.replay(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / 10)
+    return statistics.median(times)
+
+
+def step_chain(fmt: str, layers: int, bufs, stream):
+    """(graph, bytes per layer) of the step's own block-format GEMV (kernels/gemv_ops.gemv, plain stores, no
+    norm) over the same chain of shapes, random ggml blocks of `fmt` repacked as the loader does"""
+    import cupy as cp
+
+    from graphs.graph import capture
+    from graphs.quant_weights import random_quant
+    from kernels.gemv_ops import gemv
+
+    launches, nbytes, i = [], 0, 0
+    for layer in range(layers):
+        for j, (_, n, k) in enumerate(LAYER):
+            w = random_quant(fmt, n, k, seed=100 * layer + j)
+            nbytes += int(w.data.nbytes) if layer == 0 else 0
+            launches.append(gemv(w, bufs[i % 2], bufs[(i + 1) % 2], n, k, pdl=True))
+            i += 1
+    with stream:
+        graph = capture(stream, launches)
+        graph.replay(stream)
+        stream.synchronize()
+        out = cp.asnumpy(bufs[i % 2][:4096])
+        assert np.all(np.isfinite(out)), out[:8]
+    return graph, nbytes
+
+
 def main():
     import cupy as cp
     from cuda.bindings import driver
@@ -51,6 +93,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--step", nargs="*", default=[], help="block formats to run through the step's own GEMV")
     args = ap.parse_args()
     print(f"copy bandwidth {copy_bandwidth(1 << 30, 5):,.0f} GB/s", flush=True)
     src = Path(__file__).with_suffix(".cu").resolve()
@@ -151,18 +194,17 @@ def main():
             else:
                 same = np.array_equal(out[:4096].view(np.uint32), ref_out[:4096].view(np.uint32))
                 print(f"  {name}: output {'equals' if same else 'DIFFERS FROM'} reg's bit for bit", flush=True)
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            times = []
-            for _ in range(7):
-                start.record(stream)
-                for _ in range(10):
-                    graph.replay(stream)
-                end.record(stream)
-                end.synchronize()
-                times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / 10 / args.layers)
-        us = statistics.median(times)
+        us = time_graph(graph, stream) / args.layers
         nb = nbytes + (d_nbytes if dplane else 0)
         print(f"{name:16s} {us:8.2f} us per layer, {nb / us / 1e3:8.1f} GB/s", flush=True)
+        del launches, graph
+    for fmt in args.step:
+        with stream:
+            bufs[0][:] = x0
+        graph, nb = step_chain(fmt, args.layers, bufs, stream)
+        us = time_graph(graph, stream) / args.layers
+        print(f"{'step ' + fmt:16s} {us:8.2f} us per layer, {nb / us / 1e3:8.1f} GB/s", flush=True)
+        del graph
 
 
 if __name__ == "__main__":
