@@ -179,16 +179,27 @@ __device__ __forceinline__ float stage_xq(const float4* __restrict__ x4, const f
 }
 #endif
 
-// batch b of the unit's rows; a dead unit loads nothing
+// batch b of the unit's rows; a dead unit loads nothing. Unsplit whole batches: a row's chunks of the
+// batch are one lane's consecutive passes, whose side bytes a format may load together (load_run)
 template <bool EARLY>
 __device__ __forceinline__ void load_batch(const unsigned char* const (&rp)[ROWS], bool live, int b, int part,
                                            int lane, Chunk (&a)[BATCH][ROWS]) {
+    if constexpr (SPLIT_K == 1 && !RAGGED) {
+#pragma unroll
+        for (int j = 0; j < ROWS; ++j) {
+            Chunk c[BATCH];
+            Fmt::template load_run<EARLY, BATCH>(rp[j], b * BATCH, lane, live, c);
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) a[u][j] = c[u];
+        }
+        return;
+    }
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
-        const int k = ((b * BATCH + u) * SPLIT_K + part) * 32 + lane;
-        const bool ok = live && (!RAGGED || k < CHUNKS);
+        const int pass = (b * BATCH + u) * SPLIT_K + part;
+        const bool ok = live && (!RAGGED || pass * 32 + lane < CHUNKS);
 #pragma unroll
-        for (int j = 0; j < ROWS; ++j) a[u][j] = Fmt::template load<EARLY>(rp[j], k, ok);
+        for (int j = 0; j < ROWS; ++j) a[u][j] = Fmt::template load_at<EARLY>(rp[j], pass, lane, ok);
     }
 }
 

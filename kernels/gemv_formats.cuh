@@ -79,6 +79,17 @@ struct Bf16 {
     static __device__ __forceinline__ Chunk load(const unsigned char* row, int k, bool ok) {
         return ok ? load16<EARLY>(row + 16 * (size_t)k) : make_uint4(0u, 0u, 0u, 0u);
     }
+    template <bool EARLY>
+    static __device__ __forceinline__ Chunk load_at(const unsigned char* row, int pass, int lane, bool ok) {
+        return load<EARLY>(row, pass * 32 + lane, ok);
+    }
+    // chunks 32 (pass0 + u) + lane (QuantRows::load_run)
+    template <bool EARLY, int N>
+    static __device__ __forceinline__ void load_run(const unsigned char* row, int pass0, int lane, bool ok,
+                                                    Chunk (&c)[N]) {
+#pragma unroll
+        for (int u = 0; u < N; ++u) c[u] = load_at<EARLY>(row, pass0 + u, lane, ok);
+    }
     template <int R, class X>
     static __device__ __forceinline__ void dot(const Chunk (&c)[R], X& x, int k, float (&acc)[R]) {
         const float4 xa = x.get(k, 0), xb = x.get(k, 1);
@@ -175,8 +186,37 @@ __device__ __forceinline__ Bytes<N> load_bytes(const unsigned char* p, bool ok) 
     return r;
 }
 
+// the B-byte side fields of N chunks that lie next to each other in a plane, in one load of B N bytes
+// (4, 8, 16 or a multiple of 16, aligned to that: load_run's condition), or zeros when !ok
+template <int B, int N, bool EARLY>
+__device__ __forceinline__ void load_side_run(const unsigned char* p, bool ok, Bytes<B> (&out)[N]) {
+    constexpr int T = B * N, WORDS = T / 4;
+    unsigned w[WORDS];
+    if constexpr (T == 4) {
+        w[0] = ok ? load4<EARLY>(p) : 0u;
+    } else if constexpr (T == 8) {
+        const uint2 v = ok ? load8<EARLY>(p) : make_uint2(0u, 0u);
+        w[0] = v.x, w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < T / 16; ++i) {
+            const uint4 v = ok ? load16<EARLY>(p + 16 * i) : make_uint4(0u, 0u, 0u, 0u);
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+        if constexpr (B == 2) out[u].v = u % 2 ? w[u / 2] >> 16 : w[u / 2] & 0xffffu;
+        if constexpr (B == 4) out[u].v = w[u];
+        if constexpr (B == 8) out[u].x = w[2 * u], out[u].y = w[2 * u + 1];
+    }
+}
+
 // The planes of a repacked row (kernels/quant_layout.py): Q (16 bytes per chunk), H (HB per chunk),
-// S (SB per chunk), D (DB per ggml block of BLOCK weights), the row padded to 16 bytes.
+// S (SB per chunk), D (DB per ggml block of BLOCK weights), the row padded to 16 bytes. A row of whole
+// passes of 32 chunks (LANE_MAJOR) orders its side planes by lane, then pass: chunk k = 32 p + l has its H
+// and S bytes at entry l PASSES + p, and its block's D at entry (l / PER_BLOCK) PASSES + p, so the side
+// bytes of the chunks that one lane streams one after the other lie next to each other.
 template <int W_, int BLOCK_, int HB, int SB, int DB>
 struct QuantRows {
     static constexpr int W = W_, BLOCK = BLOCK_, CHUNKS = K / W_;
@@ -185,21 +225,71 @@ struct QuantRows {
     static constexpr size_t H_OFF = 16 * (size_t)CHUNKS, S_OFF = H_OFF + (size_t)HB * CHUNKS;
     static constexpr size_t D_OFF = (S_OFF + (size_t)SB * CHUNKS + 3) / 4 * 4;
     static constexpr size_t ROW_BYTES = (D_OFF + (size_t)DB * (K / BLOCK_) + 15) / 16 * 16;
+    static constexpr bool LANE_MAJOR = CHUNKS % 32 == 0;
+    static constexpr int PASSES = CHUNKS / 32;
+    static_assert(32 % PER_BLOCK == 0, "a ggml block's chunks share one lane group");
     struct Chunk {
         uint4 q;
         Bytes<HB> h;
         Bytes<SB> s;
         Bytes<DB> d;
     };
+    // entry of chunk 32 pass + lane in the H and S planes, and of its block in the D plane
+    static __device__ __forceinline__ int side_at(int pass, int lane) {
+        return LANE_MAJOR ? lane * PASSES + pass : pass * 32 + lane;
+    }
+    static __device__ __forceinline__ int d_at(int pass, int lane) {
+        return LANE_MAJOR ? lane / PER_BLOCK * PASSES + pass : (pass * 32 + lane) / PER_BLOCK;
+    }
+    // chunk 32 pass + lane
     template <bool EARLY>
-    static __device__ __forceinline__ Chunk load(const unsigned char* row, int k, bool ok) {
+    static __device__ __forceinline__ Chunk load_at(const unsigned char* row, int pass, int lane, bool ok) {
         static_assert(K % BLOCK_ == 0, "rows hold whole ggml blocks");
         Chunk c;
-        c.q = ok ? load16<EARLY>(row + 16 * (size_t)k) : make_uint4(0u, 0u, 0u, 0u);
-        if constexpr (HB > 0) c.h = load_bytes<HB, EARLY>(row + H_OFF + (size_t)HB * k, ok);
-        if constexpr (SB > 0) c.s = load_bytes<SB, EARLY>(row + S_OFF + (size_t)SB * k, ok);
-        c.d = load_bytes<DB, EARLY>(row + D_OFF + (size_t)DB * (k / PER_BLOCK), ok);
+        c.q = ok ? load16<EARLY>(row + 16 * (size_t)(pass * 32 + lane)) : make_uint4(0u, 0u, 0u, 0u);
+        if constexpr (HB > 0) c.h = load_bytes<HB, EARLY>(row + H_OFF + (size_t)HB * side_at(pass, lane), ok);
+        if constexpr (SB > 0) c.s = load_bytes<SB, EARLY>(row + S_OFF + (size_t)SB * side_at(pass, lane), ok);
+        c.d = load_bytes<DB, EARLY>(row + D_OFF + (size_t)DB * d_at(pass, lane), ok);
         return c;
+    }
+    template <bool EARLY>
+    static __device__ __forceinline__ Chunk load(const unsigned char* row, int k, bool ok) {
+        return load_at<EARLY>(row, k / 32, k % 32, ok);
+    }
+    // a plane's B-byte fields of N consecutive passes come in one load when that load is 4, 8, 16 or a
+    // multiple of 16 bytes
+    static constexpr bool run_fits(int b, int n) {
+        return b == 0 || (b * n) % 16 == 0 || b * n == 8 || b * n == 4;
+    }
+    // chunks 32 (pass0 + u) + lane (u < N) of one lane, pass0 a multiple of N: in a lane-major row whose
+    // passes come in whole runs of N, each side plane's fields for the N chunks are one load
+    template <bool EARLY, int N>
+    static __device__ __forceinline__ void load_run(const unsigned char* row, int pass0, int lane, bool ok,
+                                                    Chunk (&c)[N]) {
+        if constexpr (!LANE_MAJOR || PASSES % N != 0 || !run_fits(HB, N) || !run_fits(SB, N) || !run_fits(DB, N)) {
+#pragma unroll
+            for (int u = 0; u < N; ++u) c[u] = load_at<EARLY>(row, pass0 + u, lane, ok);
+        } else {
+#pragma unroll
+            for (int u = 0; u < N; ++u)
+                c[u].q = ok ? load16<EARLY>(row + 16 * (size_t)((pass0 + u) * 32 + lane)) : make_uint4(0u, 0u, 0u, 0u);
+            if constexpr (HB > 0) {
+                Bytes<HB> h[N];
+                load_side_run<HB, N, EARLY>(row + H_OFF + (size_t)HB * side_at(pass0, lane), ok, h);
+#pragma unroll
+                for (int u = 0; u < N; ++u) c[u].h = h[u];
+            }
+            if constexpr (SB > 0) {
+                Bytes<SB> s[N];
+                load_side_run<SB, N, EARLY>(row + S_OFF + (size_t)SB * side_at(pass0, lane), ok, s);
+#pragma unroll
+                for (int u = 0; u < N; ++u) c[u].s = s[u];
+            }
+            Bytes<DB> d[N];
+            load_side_run<DB, N, EARLY>(row + D_OFF + (size_t)DB * d_at(pass0, lane), ok, d);
+#pragma unroll
+            for (int u = 0; u < N; ++u) c[u].d = d[u];
+        }
     }
 };
 

@@ -8,7 +8,11 @@ load can follow. At load each row is repacked into four planes, one after the ot
     S  the chunk's sub-block scales as whole bytes (K-quants only; the 6-bit ones unpacked)
     D  the ggml block's fp16 scale(s), as stored (d; or d and m; or d and dmin)
 
-Each row is padded to 16 bytes, so a warp streams a row's chunks with coalesced 16-byte loads.
+Each row is padded to 16 bytes, so a warp streams a row's chunks with coalesced 16-byte loads. A
+row of whole passes of 32 chunks (a warp's 32 lanes take chunk 32 p + l in pass p) is lane-major: its
+H and S entries go by lane, then pass (chunk 32 p + l at entry l * passes + p), and its D entries by
+lane group, then pass (the block of chunk 32 p + l at entry (l // chunks per block) * passes + p), so
+the side bytes of the chunks that one lane streams in turn lie together and come in one load.
 Inside a chunk the weights are ordered for the unpacking the kernels do: in 32-bit word i of Q,
 byte b holds, for 4-bit formats, weight 8i + b in its low nibble and 8i + 4 + b in its high
 nibble; for 2-bit formats weight 16i + 4s + b at bits 2s; for Q8_0 weight 4i + b. The bits are
@@ -80,6 +84,24 @@ class RowLayout:
     s_off: int
     d_off: int
     row_bytes: int
+
+    @property
+    def lane_major(self) -> bool:
+        """Whole passes of 32 chunks: the side planes ordered by lane, then pass."""
+        return self.chunks % 32 == 0
+
+    def side_order(self, xp=np):
+        """entry[k]: where chunk k's H and S bytes sit in their planes."""
+        k = np.arange(self.chunks)
+        return xp.asarray((k % 32) * (self.chunks // 32) + k // 32 if self.lane_major else k)
+
+    def d_order(self, xp=np):
+        """entry[b]: where ggml block b's D bytes sit in its plane."""
+        b = np.arange(self.blocks)
+        if not self.lane_major:
+            return xp.asarray(b)
+        groups = 32 // (self.fmt.block // self.fmt.chunk)  # lane groups: a block's chunks share one
+        return xp.asarray((b % groups) * (self.chunks // 32) + b // groups)
 
 
 def row_layout(fmt: Format | str, cols: int) -> RowLayout:
@@ -227,11 +249,18 @@ def repack(fmt: Format | str, raw, rows: int, cols: int, xp=np):
     out = xp.zeros((rows, lay.row_bytes), xp.uint8)
     ch = lay.chunks
     out[:, :lay.h_off] = _pack_q(f, q, rows, ch, xp).reshape(rows, -1)
+
+    def place(plane, entry):  # plane [rows, n, bytes] -> entries in plane order, flat
+        o = xp.empty_like(plane)
+        o[:, entry] = plane
+        return o.reshape(rows, -1)
+
+    side = lay.side_order(xp)
     if f.h_bytes:
-        out[:, lay.h_off:lay.s_off] = _pack_h(f, h, rows, ch, xp).reshape(rows, -1)
+        out[:, lay.h_off:lay.s_off] = place(_pack_h(f, h, rows, ch, xp), side)
     if f.s_bytes:
-        out[:, lay.s_off:lay.s_off + ch * f.s_bytes] = s.reshape(rows, -1)
-    out[:, lay.d_off:lay.d_off + lay.blocks * f.d_bytes] = d.reshape(rows, -1)
+        out[:, lay.s_off:lay.s_off + ch * f.s_bytes] = place(s, side)
+    out[:, lay.d_off:lay.d_off + lay.blocks * f.d_bytes] = place(d, lay.d_order(xp))
     return out
 
 
@@ -241,10 +270,13 @@ def planes(fmt: Format | str, packed, rows: int, cols: int, xp=np):
     lay = row_layout(f, cols)
     p = xp.asarray(packed).reshape(rows, lay.row_bytes)
     ch = lay.chunks
+    side = lay.side_order(xp)
     q = _unpack_q(f, p[:, :lay.h_off], rows, ch, xp)
-    h = _unpack_h(f, p[:, lay.h_off:lay.s_off], rows, ch, xp) if f.h_bytes else None
-    s = p[:, lay.s_off:lay.s_off + ch * f.s_bytes].reshape(rows, ch, f.s_bytes) if f.s_bytes else None
-    d = p[:, lay.d_off:lay.d_off + lay.blocks * f.d_bytes].reshape(rows, lay.blocks, f.d_bytes)
+    h = None
+    if f.h_bytes:
+        h = _unpack_h(f, p[:, lay.h_off:lay.s_off].reshape(rows, ch, f.h_bytes)[:, side], rows, ch, xp)
+    s = p[:, lay.s_off:lay.s_off + ch * f.s_bytes].reshape(rows, ch, f.s_bytes)[:, side] if f.s_bytes else None
+    d = p[:, lay.d_off:lay.d_off + lay.blocks * f.d_bytes].reshape(rows, lay.blocks, f.d_bytes)[:, lay.d_order(xp)]
     return q, h, s, d
 
 

@@ -63,6 +63,15 @@ def awkward_k(fmt: str, big: bool = False) -> int:
     return 256 * 9 + 64 if big else 256 * 3 + 96
 
 
+def passes_k(fmt: str, passes: int = 4) -> int:
+    """Rows of whole passes of 32 chunks: the lane-major side planes, loaded a batch at a time."""
+    return 32 * passes * L.FORMATS[fmt].chunk
+
+
+def row_k(fmt: str, kind: str, big: bool = False) -> int:
+    return awkward_k(fmt, big) if kind == "awkward" else passes_k(fmt)
+
+
 def quant(cp, fmt: str, rows: int, k: int, seed: int):
     """(QuantWeight on the device, its float32 values as gguf dequantizes them)."""
     from graphs.quant_weights import repack_on_device
@@ -87,12 +96,13 @@ EPILOGUES = [  # epi, norm, bias, splitk, n_out, long rows
 ]
 
 
+@pytest.mark.parametrize("kind", ["awkward", "passes"])
 @pytest.mark.parametrize("epi,norm,bias,splitk,n_out,big", EPILOGUES)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_gemv_every_format_and_epilogue(cp, rng, fmt, epi, norm, bias, splitk, n_out, big):
+def test_gemv_every_format_and_epilogue(cp, rng, fmt, epi, norm, bias, splitk, n_out, big, kind):
     from kernels.gemv_ops import gemv
 
-    k = awkward_k(fmt, big)
+    k = row_k(fmt, kind, big)
     w, wf = quant(cp, fmt, 2 * n_out if epi == EPI_SILU else n_out, k, seed=n_out)
     case = GemvCase(rng, wf, n_out, epi, norm, bias, xq=True)
     err = check(cp, case, lambda x, g, b, y, amax: gemv(w, x, y, n_out, k, gamma=g, bias=b, epi=epi, eps=case.eps,
@@ -145,12 +155,13 @@ def test_a_non_finite_x_reaches_every_row(cp, rng, fmt, bad):
                                                      (4, None, None, "int8 unroll 3"), (2, 2, 3, "int8 unroll 5"),
                                                      (2, 4, None, "f32 smem"), (4, None, None, "f32 global"),
                                                      (4, 2, 3, "f32 global")])
-def test_gemv_tunings(cp, rng, fmt, rows, splitk, blocks, mode):
+@pytest.mark.parametrize("kind", ["awkward", "passes"])
+def test_gemv_tunings(cp, rng, fmt, rows, splitk, blocks, mode, kind):
     """Rows per warp, split K, a capped grid (units striding over a few blocks), loads per batch, and
     the fp32-x path with x in shared or global memory."""
     from kernels.gemv_ops import gemv
 
-    k, n_out = awkward_k(fmt, True), 517
+    k, n_out = row_k(fmt, kind, True), 517
     w, wf = quant(cp, fmt, n_out, k, seed=3)
     int8 = mode.startswith("int8")
     case = GemvCase(rng, wf, n_out, EPI_STORE, True, False, xq=int8)
@@ -177,8 +188,9 @@ def _stack(cp, parts, k, seed):
     return upload_quant(QuantStack(tuple(mats))), np.concatenate(values)
 
 
+@pytest.mark.parametrize("kind", ["awkward", "passes"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_rope_qkv_of_two_formats(cp, rng, fmt):
+def test_rope_qkv_of_two_formats(cp, rng, fmt, kind):
     """q and k in fmt, v in another format (Q4_K_M's attn_v): one gemv_rope per format, RoPE on q and
     k, k and v appended to the cache row of the position, nothing else written."""
     from graphs.linear import linear_rope
@@ -186,7 +198,7 @@ def test_rope_qkv_of_two_formats(cp, rng, fmt):
     from kernels.numerics import rope_tables
 
     nh, nkv, hd, ctx, eps = 4, 2, 64, 50, 1e-5
-    k = awkward_k(fmt)
+    k = row_k(fmt, kind)
     w, wf = _stack(cp, [(fmt, nh * hd), (fmt, nkv * hd), (_other(fmt), nkv * hd)], k, seed=11)
     assert isinstance(w, StackedWeight) and len(w.parts) == 2
     cos, sin = rope_tables(10000.0 ** -(np.arange(0, hd, 2) / hd), ctx)
@@ -296,11 +308,12 @@ def test_stacked_parts_store_their_own_rows(cp, rng, epi):
     check(cp, case, lambda x, g, b, y, amax: linear(w, x, y, n_out, k, gamma=g, bias=b, epi=epi, eps=case.eps), TOL)
 
 
+@pytest.mark.parametrize("kind", ["awkward", "passes"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_embed_and_prefill_dequantize_exactly(cp, fmt):
+def test_embed_and_prefill_dequantize_exactly(cp, fmt, kind):
     from kernels.gemv_ops import dequant_rows, embed_quant
 
-    vocab, k = 37, awkward_k(fmt)
+    vocab, k = 37, row_k(fmt, kind)
     table, wf = quant(cp, fmt, vocab, k, seed=1)
     x = cp.empty(k, cp.float32)
     for token, want in [(vocab - 1, vocab - 1), (5, 5), (vocab + 9, vocab - 1), (-2, 0)]:
@@ -312,12 +325,14 @@ def test_embed_and_prefill_dequantize_exactly(cp, fmt):
     assert np.array_equal(out.get(), wf.astype(BF16).view(np.uint16))
 
 
+@pytest.mark.parametrize("kind", ["512", "passes"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_repack_on_device_equals_host(cp, fmt):
+def test_repack_on_device_equals_host(cp, fmt, kind):
     from graphs.quant_weights import repack_on_device
 
-    raw = L.random_blocks(fmt, 13, 512, seed=4)
-    assert np.array_equal(repack_on_device(fmt, raw, 13, 512).data.get(), L.repack(fmt, raw, 13, 512))
+    cols = 512 if kind == "512" else passes_k(fmt)
+    raw = L.random_blocks(fmt, 13, cols, seed=4)
+    assert np.array_equal(repack_on_device(fmt, raw, 13, cols).data.get(), L.repack(fmt, raw, 13, cols))
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])

@@ -11,7 +11,7 @@ import pytest
 
 from kernels import quant_layout as L
 from kernels.tuning import PrefillTuning, Tuning
-from tests.test_quant_gpu import LAYERS, SHAPES, awkward_k, quant, run_launches
+from tests.test_quant_gpu import LAYERS, SHAPES, quant, row_k, run_launches
 
 pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
@@ -35,10 +35,11 @@ def bf16_bits(wf: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("fmt", list(L.FORMATS))
 @pytest.mark.parametrize("items,stage", [(1, False), (4, False), (1, True), (2, True)])
-def test_dequant_rows_of_a_range(cp, fmt, items, stage):
+@pytest.mark.parametrize("kind", ["awkward", "passes"])
+def test_dequant_rows_of_a_range(cp, fmt, items, stage, kind):
     from kernels.prefill_ops import dequant_rows
 
-    rows, k = 301, awkward_k(fmt)
+    rows, k = 301, row_k(fmt, kind)
     w, wf = quant(cp, fmt, rows, k, seed=7)
     for r0, n in [(0, rows), (0, 1), (37, 133), (rows - 5, 5)]:
         out = cp.full((n + 2, k), POISON, cp.uint16)  # a guard row either side
