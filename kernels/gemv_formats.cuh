@@ -187,7 +187,7 @@ __device__ __forceinline__ Bytes<N> load_bytes(const unsigned char* p, bool ok) 
 }
 
 // the B-byte side fields of N chunks that lie next to each other in a plane, in one load of B N bytes
-// (4, 8, 16 or a multiple of 16, aligned to that: load_run's condition), or zeros when !ok
+// (4, 8, 16 or 32, aligned to 16 at most: QuantRows::load_run), or zeros when !ok
 template <int B, int N, bool EARLY>
 __device__ __forceinline__ void load_side_run(const unsigned char* p, bool ok, Bytes<B> (&out)[N]) {
     constexpr int T = B * N, WORDS = T / 4;
@@ -214,9 +214,10 @@ __device__ __forceinline__ void load_side_run(const unsigned char* p, bool ok, B
 
 // The planes of a repacked row (kernels/quant_layout.py): Q (16 bytes per chunk), H (HB per chunk),
 // S (SB per chunk), D (DB per ggml block of BLOCK weights), the row padded to 16 bytes. A row of whole
-// passes of 32 chunks (LANE_MAJOR) orders its side planes by lane, then pass: chunk k = 32 p + l has its H
-// and S bytes at entry l PASSES + p, and its block's D at entry (l / PER_BLOCK) PASSES + p, so the side
-// bytes of the chunks that one lane streams one after the other lie next to each other.
+// groups of 4 passes of 32 chunks (LANE_MAJOR) orders each group's side entries by lane, then pass: chunk
+// 32 p + l has its H and S bytes at entry 128 (p / 4) + 4 l + p % 4, and its block's D at entry
+// (128 / PER_BLOCK) (p / 4) + 4 (l / PER_BLOCK) + p % 4. The side bytes of the chunks that one lane
+// streams in 2 or 4 consecutive passes then lie together, and a warp's load of them is one contiguous span.
 template <int W_, int BLOCK_, int HB, int SB, int DB>
 struct QuantRows {
     static constexpr int W = W_, BLOCK = BLOCK_, CHUNKS = K / W_;
@@ -225,8 +226,7 @@ struct QuantRows {
     static constexpr size_t H_OFF = 16 * (size_t)CHUNKS, S_OFF = H_OFF + (size_t)HB * CHUNKS;
     static constexpr size_t D_OFF = (S_OFF + (size_t)SB * CHUNKS + 3) / 4 * 4;
     static constexpr size_t ROW_BYTES = (D_OFF + (size_t)DB * (K / BLOCK_) + 15) / 16 * 16;
-    static constexpr bool LANE_MAJOR = CHUNKS % 32 == 0;
-    static constexpr int PASSES = CHUNKS / 32;
+    static constexpr bool LANE_MAJOR = CHUNKS % 128 == 0;
     static_assert(32 % PER_BLOCK == 0, "a ggml block's chunks share one lane group");
     struct Chunk {
         uint4 q;
@@ -236,10 +236,11 @@ struct QuantRows {
     };
     // entry of chunk 32 pass + lane in the H and S planes, and of its block in the D plane
     static __device__ __forceinline__ int side_at(int pass, int lane) {
-        return LANE_MAJOR ? lane * PASSES + pass : pass * 32 + lane;
+        return LANE_MAJOR ? pass / 4 * 128 + lane * 4 + pass % 4 : pass * 32 + lane;
     }
     static __device__ __forceinline__ int d_at(int pass, int lane) {
-        return LANE_MAJOR ? lane / PER_BLOCK * PASSES + pass : (pass * 32 + lane) / PER_BLOCK;
+        return LANE_MAJOR ? pass / 4 * (128 / PER_BLOCK) + lane / PER_BLOCK * 4 + pass % 4
+                          : (pass * 32 + lane) / PER_BLOCK;
     }
     // chunk 32 pass + lane
     template <bool EARLY>
@@ -256,17 +257,12 @@ struct QuantRows {
     static __device__ __forceinline__ Chunk load(const unsigned char* row, int k, bool ok) {
         return load_at<EARLY>(row, k / 32, k % 32, ok);
     }
-    // a plane's B-byte fields of N consecutive passes come in one load when that load is 4, 8, 16 or a
-    // multiple of 16 bytes
-    static constexpr bool run_fits(int b, int n) {
-        return b == 0 || (b * n) % 16 == 0 || b * n == 8 || b * n == 4;
-    }
-    // chunks 32 (pass0 + u) + lane (u < N) of one lane, pass0 a multiple of N: in a lane-major row whose
-    // passes come in whole runs of N, each side plane's fields for the N chunks are one load
+    // chunks 32 (pass0 + u) + lane (u < N) of one lane, pass0 a multiple of N: in a lane-major row, runs of
+    // 2 or 4 passes load each side plane's fields for the N chunks at once (4 to 32 bytes, aligned to that)
     template <bool EARLY, int N>
     static __device__ __forceinline__ void load_run(const unsigned char* row, int pass0, int lane, bool ok,
                                                     Chunk (&c)[N]) {
-        if constexpr (!LANE_MAJOR || PASSES % N != 0 || !run_fits(HB, N) || !run_fits(SB, N) || !run_fits(DB, N)) {
+        if constexpr (!LANE_MAJOR || (N != 2 && N != 4)) {
 #pragma unroll
             for (int u = 0; u < N; ++u) c[u] = load_at<EARLY>(row, pass0 + u, lane, ok);
         } else {

@@ -1,7 +1,7 @@
 // Q5_1 GEMV (6.0 bits per weight): the shared streaming loop and epilogues of gemv_core.cuh over
 // rows of Q5_1 blocks repacked at load (kernels/quant_layout.py); ROWS rows per warp share x.
 // budget: gemv_q5_1=168 gemv_rope_q5_1=168
-// defines: K=4096 EPILOGUE=EPI_STORE NORM=1 BIAS=0 ARGMAX=1 ROWS=2 UNROLL=3 WARPS=16 MIN_BLOCKS=1 XQ=1
+// defines: K=4096 EPILOGUE=EPI_STORE NORM=1 BIAS=0 ARGMAX=1 ROWS=2 UNROLL=4 WARPS=16 MIN_BLOCKS=1 XQ=1
 // defines: K=4096 EPILOGUE=EPI_ROPE NORM=1 BIAS=1 HEAD_DIM=128 ROWS=2 UNROLL=4 WARPS=16 MIN_BLOCKS=1 XQ=1
 // defines: K=4096 EPILOGUE=EPI_SILU NORM=1 BIAS=0 ROWS=2 UNROLL=4 WARPS=16 MIN_BLOCKS=1 XQ=1
 // defines: K=14336 EPILOGUE=EPI_ADD NORM=0 BIAS=1 ROWS=2 UNROLL=4 WARPS=16 MIN_BLOCKS=1 XQ=1

@@ -34,13 +34,13 @@ def test_repacked_random_blocks_dequantize_exactly(name, rows, blocks):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("passes", [1, 3])
+@pytest.mark.parametrize("passes", [4, 12])
 def test_lane_major_rows_dequantize_exactly(name, passes):
-    """Rows of whole passes of 32 chunks order their side planes by lane, then pass."""
+    """Rows of whole groups of 4 passes of 32 chunks order their side planes by lane, then pass."""
     f = L.FORMATS[name]
     rows, cols = 5, 32 * passes * f.chunk
     lay = L.row_layout(f, cols)
-    assert lay.lane_major and not L.row_layout(f, cols + f.block).lane_major
+    assert lay.lane_major and not L.row_layout(f, cols - 32 * f.chunk).lane_major
     raw = L.random_blocks(f, rows, cols, seed=passes)
     ref = gguf_dequantize(raw, GT[name.upper()]).reshape(rows, cols)
     assert same_bits(L.dequantize(f, L.repack(f, raw, rows, cols), rows, cols), ref)
@@ -48,20 +48,22 @@ def test_lane_major_rows_dequantize_exactly(name, passes):
 
 def test_lane_major_entries():
     """Where the kernels look (gemv_formats.cuh QuantRows::side_at, d_at), worked by hand."""
-    f = L.FORMATS["q8_0"]  # 1024 weights: 64 chunks of 16, 2 passes; 2 chunks per block, 16 lane groups
-    raw = L.random_blocks(f, 2, 1024, seed=1)
-    lay, packed = L.row_layout(f, 1024), L.repack(f, raw, 2, 1024)
-    # block 17 holds chunks 34, 35: pass 1, lanes 2 and 3, lane group 1: entry 1 * 2 + 1
-    assert np.array_equal(packed[1, lay.d_off + 2 * 3:lay.d_off + 2 * 4], raw[1, 34 * 17:34 * 17 + 2])
+    f = L.FORMATS["q8_0"]  # 4096 weights: 256 chunks of 16, 8 passes (2 groups); 2 chunks per block, 16 lane groups
+    raw = L.random_blocks(f, 2, 4096, seed=1)
+    lay, packed = L.row_layout(f, 4096), L.repack(f, raw, 2, 4096)
+    # block 81 holds chunks 162, 163: pass 5 (group 1, pass 1 in it), lanes 2 and 3 (lane group 1):
+    # entry 64 * 1 + 4 * 1 + 1
+    e = 64 + 4 + 1
+    assert np.array_equal(packed[1, lay.d_off + 2 * e:lay.d_off + 2 * e + 2], raw[1, 34 * 81:34 * 81 + 2])
     assert np.array_equal(packed[1, lay.d_off:lay.d_off + 2], raw[1, 0:2])
-    f = L.FORMATS["q4_k"]  # 2048 weights: 64 chunks of 32, 2 passes; 8 chunks per block, 4 lane groups
-    raw = L.random_blocks(f, 2, 2048, seed=2)
-    lay, packed = L.row_layout(f, 2048), L.repack(f, raw, 2, 2048)
-    # block 5 (chunks 40..47: pass 1, lanes 8..15, lane group 1): entry 1 * 2 + 1
-    assert np.array_equal(packed[0, lay.d_off + 4 * 3:lay.d_off + 4 * 4], raw[0, 144 * 5:144 * 5 + 4])
-    # chunk 37 (pass 1, lane 5): entry 5 * 2 + 1 of S, its sub-block's (scale, min)
-    s = L.ggml_fields(f, raw, 2, 2048)[2]
-    assert np.array_equal(packed[0, lay.s_off + 2 * 11:lay.s_off + 2 * 12], s[0, 37])
+    f = L.FORMATS["q4_k"]  # 4096 weights: 128 chunks of 32, 4 passes (1 group); 8 chunks per block, 4 lane groups
+    raw = L.random_blocks(f, 2, 4096, seed=2)
+    lay, packed = L.row_layout(f, 4096), L.repack(f, raw, 2, 4096)
+    # block 5 (chunks 40..47: pass 1, lanes 8..15, lane group 1): entry 4 * 1 + 1
+    assert np.array_equal(packed[0, lay.d_off + 4 * 5:lay.d_off + 4 * 6], raw[0, 144 * 5:144 * 5 + 4])
+    # chunk 101 (pass 3, lane 5): entry 4 * 5 + 3 of S, its sub-block's (scale, min)
+    s = L.ggml_fields(f, raw, 2, 4096)[2]
+    assert np.array_equal(packed[0, lay.s_off + 2 * 23:lay.s_off + 2 * 24], s[0, 101])
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -103,7 +105,7 @@ def test_planes_are_aligned_for_their_loads(name):
         assert lay.row_bytes <= L.ggml_row_bytes(f, cols) + 4 * lay.blocks + 15
 
 
-@pytest.mark.parametrize("cols", [512, 1024])  # 16 chunks; 32, lane-major
+@pytest.mark.parametrize("cols", [512, 4096])  # 16 chunks; 128, lane-major
 def test_fields_round_trip_through_planes(cols):
     f = L.FORMATS["q6_k"]
     raw = L.random_blocks(f, 3, cols, seed=9)
