@@ -267,8 +267,8 @@ def test_overlapped_parts_keep_the_order_of_their_neighbours(cp, rng):
     stream = cp.cuda.Stream(non_blocking=True)
     with capture(stream, gr_launches) as graph:
         for _ in range(8):
-            x0 = cp.asarray(rng.standard_normal(k0), cp.float32)
-            with stream:
+            with stream:  # x0's upload on the replay's stream: a non-blocking stream does not wait for the null one
+                x0 = cp.asarray(rng.standard_normal(k0), cp.float32)
                 poison(gr, x0)
                 graph.replay(stream)
             stream.synchronize()
