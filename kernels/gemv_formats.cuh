@@ -179,10 +179,9 @@ __device__ __forceinline__ Bytes<N> load_bytes(const unsigned char* p, bool ok) 
     Bytes<N> r;
     if constexpr (N == 2) r.v = ok ? load2<EARLY>(p) : 0u;
     if constexpr (N == 4) r.v = ok ? load4<EARLY>(p) : 0u;
-    if constexpr (N == 8) {  // 8-byte aligned: the H planes of 8 bytes per chunk
-        const uint2 v = ok ? load8<EARLY>(p) : make_uint2(0u, 0u);
-        r.x = v.x;
-        r.y = v.y;
+    if constexpr (N == 8) {
+        r.x = ok ? load4<EARLY>(p) : 0u;
+        r.y = ok ? load4<EARLY>(p + 4) : 0u;
     }
     return r;
 }
