@@ -214,10 +214,10 @@ __device__ __forceinline__ void load_side_run(const unsigned char* p, bool ok, B
 
 // The planes of a repacked row (kernels/quant_layout.py): Q (16 bytes per chunk), H (HB per chunk),
 // S (SB per chunk), D (DB per ggml block of BLOCK weights), the row padded to 16 bytes. A row of whole
-// groups of PG passes of 32 chunks (PG = 4, else 2: LANE_MAJOR) orders each group's side entries by lane,
-// then pass: chunk 32 p + l has its H and S bytes at entry 32 PG (p / PG) + PG l + p % PG, and its block's D
-// at entry (32 / PER_BLOCK) PG (p / PG) + PG (l / PER_BLOCK) + p % PG. The side bytes of the chunks that one
-// lane streams in consecutive passes of a group then lie together, and a warp's load of them is one span.
+// groups of 4 passes of 32 chunks (LANE_MAJOR) orders each group's side entries by lane, then pass: chunk
+// 32 p + l has its H and S bytes at entry 128 (p / 4) + 4 l + p % 4, and its block's D at entry
+// (128 / PER_BLOCK) (p / 4) + 4 (l / PER_BLOCK) + p % 4. The side bytes of the chunks that one lane
+// streams in 2 or 4 consecutive passes then lie together, and a warp's load of them is one contiguous span.
 template <int W_, int BLOCK_, int HB, int SB, int DB>
 struct QuantRows {
     static constexpr int W = W_, BLOCK = BLOCK_, CHUNKS = K / W_;
@@ -226,9 +226,7 @@ struct QuantRows {
     static constexpr size_t H_OFF = 16 * (size_t)CHUNKS, S_OFF = H_OFF + (size_t)HB * CHUNKS;
     static constexpr size_t D_OFF = (S_OFF + (size_t)SB * CHUNKS + 3) / 4 * 4;
     static constexpr size_t ROW_BYTES = (D_OFF + (size_t)DB * (K / BLOCK_) + 15) / 16 * 16;
-    static constexpr int PG = CHUNKS % 128 == 0 ? 4 : CHUNKS % 64 == 0 ? 2 : 0;  // passes per lane-major group
-    static constexpr bool LANE_MAJOR = PG > 0;
-    static constexpr int SIDE_GROUP = 32 * PG, D_GROUP = 32 / PER_BLOCK * PG;  // entries per group
+    static constexpr bool LANE_MAJOR = CHUNKS % 128 == 0;
     static_assert(32 % PER_BLOCK == 0, "a ggml block's chunks share one lane group");
     struct Chunk {
         uint4 q;
@@ -238,10 +236,11 @@ struct QuantRows {
     };
     // entry of chunk 32 pass + lane in the H and S planes, and of its block in the D plane
     static __device__ __forceinline__ int side_at(int pass, int lane) {
-        return LANE_MAJOR ? pass / PG * SIDE_GROUP + lane * PG + pass % PG : pass * 32 + lane;
+        return LANE_MAJOR ? pass / 4 * 128 + lane * 4 + pass % 4 : pass * 32 + lane;
     }
     static __device__ __forceinline__ int d_at(int pass, int lane) {
-        return LANE_MAJOR ? pass / PG * D_GROUP + lane / PER_BLOCK * PG + pass % PG : (pass * 32 + lane) / PER_BLOCK;
+        return LANE_MAJOR ? pass / 4 * (128 / PER_BLOCK) + lane / PER_BLOCK * 4 + pass % 4
+                          : (pass * 32 + lane) / PER_BLOCK;
     }
     // chunk 32 pass + lane
     template <bool EARLY>
@@ -258,41 +257,12 @@ struct QuantRows {
     static __device__ __forceinline__ Chunk load(const unsigned char* row, int k, bool ok) {
         return load_at<EARLY>(row, k / 32, k % 32, ok);
     }
-    // runs that load_run reads a plane by: groups of 4 passes, 2 or 4 at a time; groups of 2, in pairs
-    static constexpr bool runs(int n) { return PG == 4 ? n == 2 || n == 4 : PG == 2 && n >= 2; }
-    // a plane's B-byte fields of passes pass0 .. pass0 + N - 1 of one lane, e0 the entry of pass0 and gs the
-    // entries per group: a group's part in one load (4 to 32 bytes, aligned to that); with groups of 2 and
-    // an odd pass0 or N, one pass alone
-    template <int B, int N, bool EARLY>
-    static __device__ __forceinline__ void plane_run(const unsigned char* plane, int e0, int gs, int pass0, bool ok,
-                                                     Bytes<B> (&f)[N]) {
-        if constexpr (PG == 4) {
-            load_side_run<B, N, EARLY>(plane + (size_t)B * e0, ok, f);
-        } else {
-            Bytes<B> two[2];
-            if (N % 2 == 0 || pass0 % 2 == 0) {
-#pragma unroll
-                for (int u = 0; u + 1 < N; u += 2) {
-                    load_side_run<B, 2, EARLY>(plane + (size_t)B * (e0 + u / 2 * gs), ok, two);
-                    f[u] = two[0], f[u + 1] = two[1];
-                }
-                if constexpr (N % 2 == 1) f[N - 1] = load_bytes<B, EARLY>(plane + (size_t)B * (e0 + N / 2 * gs), ok);
-            } else {
-                f[0] = load_bytes<B, EARLY>(plane + (size_t)B * e0, ok);
-#pragma unroll
-                for (int u = 1; u + 1 < N; u += 2) {
-                    load_side_run<B, 2, EARLY>(plane + (size_t)B * (e0 - 1 + (u + 1) / 2 * gs), ok, two);
-                    f[u] = two[0], f[u + 1] = two[1];
-                }
-            }
-        }
-    }
-    // chunks 32 (pass0 + u) + lane (u < N) of one lane, pass0 a multiple of N (of 2 for even N): in a
-    // lane-major row each side plane's fields for the N chunks come in one load per group (plane_run)
+    // chunks 32 (pass0 + u) + lane (u < N) of one lane, pass0 a multiple of N: in a lane-major row, runs of
+    // 2 or 4 passes load each side plane's fields for the N chunks at once (4 to 32 bytes, aligned to that)
     template <bool EARLY, int N>
     static __device__ __forceinline__ void load_run(const unsigned char* row, int pass0, int lane, bool ok,
                                                     Chunk (&c)[N]) {
-        if constexpr (!runs(N)) {
+        if constexpr (!LANE_MAJOR || (N != 2 && N != 4)) {
 #pragma unroll
             for (int u = 0; u < N; ++u) c[u] = load_at<EARLY>(row, pass0 + u, lane, ok);
         } else {
@@ -301,18 +271,18 @@ struct QuantRows {
                 c[u].q = ok ? load16<EARLY>(row + 16 * (size_t)((pass0 + u) * 32 + lane)) : make_uint4(0u, 0u, 0u, 0u);
             if constexpr (HB > 0) {
                 Bytes<HB> h[N];
-                plane_run<HB, N, EARLY>(row + H_OFF, side_at(pass0, lane), SIDE_GROUP, pass0, ok, h);
+                load_side_run<HB, N, EARLY>(row + H_OFF + (size_t)HB * side_at(pass0, lane), ok, h);
 #pragma unroll
                 for (int u = 0; u < N; ++u) c[u].h = h[u];
             }
             if constexpr (SB > 0) {
                 Bytes<SB> s[N];
-                plane_run<SB, N, EARLY>(row + S_OFF, side_at(pass0, lane), SIDE_GROUP, pass0, ok, s);
+                load_side_run<SB, N, EARLY>(row + S_OFF + (size_t)SB * side_at(pass0, lane), ok, s);
 #pragma unroll
                 for (int u = 0; u < N; ++u) c[u].s = s[u];
             }
             Bytes<DB> d[N];
-            plane_run<DB, N, EARLY>(row + D_OFF, d_at(pass0, lane), D_GROUP, pass0, ok, d);
+            load_side_run<DB, N, EARLY>(row + D_OFF + (size_t)DB * d_at(pass0, lane), ok, d);
 #pragma unroll
             for (int u = 0; u < N; ++u) c[u].d = d[u];
         }

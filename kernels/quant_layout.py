@@ -9,11 +9,11 @@ load can follow. At load each row is repacked into four planes, one after the ot
     D  the ggml block's fp16 scale(s), as stored (d; or d and m; or d and dmin)
 
 Each row is padded to 16 bytes, so a warp streams a row's chunks with coalesced 16-byte loads. A
-row of whole groups of g passes of 32 chunks (g = 4, else 2; a warp's 32 lanes take chunk 32 p + l
-in pass p) is lane-major: in each group its H and S entries go by lane, then pass (chunk 32 p + l at
-entry 32 g (p // g) + g l + p % g), and its D entries by lane group, then pass (the block of chunk
-32 p + l at entry (32 / c) g (p // g) + g (l // c) + p % g, c chunks per block), so the side bytes
-of the chunks that one lane streams in consecutive passes of a group lie together and come in one load.
+row of whole groups of 4 passes of 32 chunks (a warp's 32 lanes take chunk 32 p + l in pass p) is
+lane-major: in each group its H and S entries go by lane, then pass (chunk 32 p + l at entry
+128 (p // 4) + 4 l + p % 4), and its D entries by lane group, then pass (the block of chunk 32 p + l
+at entry (128 / c) (p // 4) + 4 (l // c) + p % 4, c chunks per block), so the side bytes of the
+chunks that one lane streams in 2 or 4 passes lie together and come in one load.
 Inside a chunk the weights are ordered for the unpacking the kernels do: in 32-bit word i of Q,
 byte b holds, for 4-bit formats, weight 8i + b in its low nibble and 8i + 4 + b in its high
 nibble; for 2-bit formats weight 16i + 4s + b at bits 2s; for Q8_0 weight 4i + b. The bits are
@@ -87,30 +87,24 @@ class RowLayout:
     row_bytes: int
 
     @property
-    def pass_group(self) -> int:
-        """Passes of 32 chunks per lane-major group: 4, else 2; 0 where the row has no whole groups."""
-        passes = self.chunks // 32 if self.chunks % 32 == 0 else 0
-        return 4 if passes and passes % 4 == 0 else 2 if passes and passes % 2 == 0 else 0
-
-    @property
     def lane_major(self) -> bool:
-        """Whole groups of passes: the side planes ordered by lane, then pass, per group."""
-        return self.pass_group > 0
+        """Whole groups of 4 passes of 32 chunks: the side planes ordered by lane, then pass, per group."""
+        return self.chunks % 128 == 0
 
     def side_order(self, xp=np):
         """entry[k]: where chunk k's H and S bytes sit in their planes."""
-        k, g = np.arange(self.chunks), self.pass_group
+        k = np.arange(self.chunks)
         p, lane = k // 32, k % 32
-        return xp.asarray(p // g * 32 * g + lane * g + p % g if g else k)
+        return xp.asarray(p // 4 * 128 + lane * 4 + p % 4 if self.lane_major else k)
 
     def d_order(self, xp=np):
         """entry[b]: where ggml block b's D bytes sit in its plane."""
-        b, g = np.arange(self.blocks), self.pass_group
-        if not g:
+        b = np.arange(self.blocks)
+        if not self.lane_major:
             return xp.asarray(b)
         groups = 32 // (self.fmt.block // self.fmt.chunk)  # lane groups: a block's chunks share one
-        p, lg = b // groups, b % groups
-        return xp.asarray(p // g * groups * g + lg * g + p % g)
+        p, g = b // groups, b % groups
+        return xp.asarray(p // 4 * (4 * groups) + g * 4 + p % 4)
 
 
 def row_layout(fmt: Format | str, cols: int) -> RowLayout:

@@ -64,16 +64,12 @@ def awkward_k(fmt: str, big: bool = False) -> int:
 
 
 def passes_k(fmt: str, passes: int = 4) -> int:
-    """Rows of whole passes of 32 chunks: the lane-major side planes (groups of 4 passes; of 2 for 14, an 8B
-    down's 4-bit rows, whose batches of 7 passes start on either parity), loaded a group at a time."""
+    """Rows of whole passes of 32 chunks: the lane-major side planes, loaded a batch at a time."""
     return 32 * passes * L.FORMATS[fmt].chunk
 
 
-KINDS = ["awkward", "passes", "pairs"]  # row lengths: a remainder; groups of 4 passes; groups of 2
-
-
 def row_k(fmt: str, kind: str, big: bool = False) -> int:
-    return awkward_k(fmt, big) if kind == "awkward" else passes_k(fmt, 4 if kind == "passes" else 14)
+    return awkward_k(fmt, big) if kind == "awkward" else passes_k(fmt)
 
 
 def quant(cp, fmt: str, rows: int, k: int, seed: int):
@@ -100,7 +96,7 @@ EPILOGUES = [  # epi, norm, bias, splitk, n_out, long rows
 ]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["awkward", "passes"])
 @pytest.mark.parametrize("epi,norm,bias,splitk,n_out,big", EPILOGUES)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gemv_every_format_and_epilogue(cp, rng, fmt, epi, norm, bias, splitk, n_out, big, kind):
@@ -159,7 +155,7 @@ def test_a_non_finite_x_reaches_every_row(cp, rng, fmt, bad):
                                                      (4, None, None, "int8 unroll 3"), (2, 2, 3, "int8 unroll 5"),
                                                      (2, 4, None, "f32 smem"), (4, None, None, "f32 global"),
                                                      (4, 2, 3, "f32 global")])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["awkward", "passes"])
 def test_gemv_tunings(cp, rng, fmt, rows, splitk, blocks, mode, kind):
     """Rows per warp, split K, a capped grid (units striding over a few blocks), loads per batch, and
     the fp32-x path with x in shared or global memory."""
@@ -192,7 +188,7 @@ def _stack(cp, parts, k, seed):
     return upload_quant(QuantStack(tuple(mats))), np.concatenate(values)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["awkward", "passes"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_rope_qkv_of_two_formats(cp, rng, fmt, kind):
     """q and k in fmt, v in another format (Q4_K_M's attn_v): one gemv_rope per format, RoPE on q and
@@ -312,7 +308,7 @@ def test_stacked_parts_store_their_own_rows(cp, rng, epi):
     check(cp, case, lambda x, g, b, y, amax: linear(w, x, y, n_out, k, gamma=g, bias=b, epi=epi, eps=case.eps), TOL)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["awkward", "passes"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_embed_and_prefill_dequantize_exactly(cp, fmt, kind):
     from kernels.gemv_ops import dequant_rows, embed_quant
@@ -329,12 +325,12 @@ def test_embed_and_prefill_dequantize_exactly(cp, fmt, kind):
     assert np.array_equal(out.get(), wf.astype(BF16).view(np.uint16))
 
 
-@pytest.mark.parametrize("kind", ["512", "passes", "pairs"])
+@pytest.mark.parametrize("kind", ["512", "passes"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_repack_on_device_equals_host(cp, fmt, kind):
     from graphs.quant_weights import repack_on_device
 
-    cols = 512 if kind == "512" else passes_k(fmt, 4 if kind == "passes" else 14)
+    cols = 512 if kind == "512" else passes_k(fmt)
     raw = L.random_blocks(fmt, 13, cols, seed=4)
     assert np.array_equal(repack_on_device(fmt, raw, 13, cols).data.get(), L.repack(fmt, raw, 13, cols))
 

@@ -34,14 +34,13 @@ def test_repacked_random_blocks_dequantize_exactly(name, rows, blocks):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("passes", [2, 4, 12, 14])
+@pytest.mark.parametrize("passes", [4, 12])
 def test_lane_major_rows_dequantize_exactly(name, passes):
-    """Rows of whole groups of 4 (else 2) passes of 32 chunks order their side planes by lane, then pass."""
+    """Rows of whole groups of 4 passes of 32 chunks order their side planes by lane, then pass."""
     f = L.FORMATS[name]
     rows, cols = 5, 32 * passes * f.chunk
     lay = L.row_layout(f, cols)
-    assert lay.pass_group == (4 if passes % 4 == 0 else 2)
-    assert not L.row_layout(f, cols - 32 * f.chunk).lane_major
+    assert lay.lane_major and not L.row_layout(f, cols - 32 * f.chunk).lane_major
     raw = L.random_blocks(f, rows, cols, seed=passes)
     ref = gguf_dequantize(raw, GT[name.upper()]).reshape(rows, cols)
     assert same_bits(L.dequantize(f, L.repack(f, raw, rows, cols), rows, cols), ref)
@@ -65,15 +64,6 @@ def test_lane_major_entries():
     # chunk 101 (pass 3, lane 5): entry 4 * 5 + 3 of S, its sub-block's (scale, min)
     s = L.ggml_fields(f, raw, 2, 4096)[2]
     assert np.array_equal(packed[0, lay.s_off + 2 * 23:lay.s_off + 2 * 24], s[0, 101])
-    # 14336 weights: 448 chunks, 14 passes in groups of 2 (an 8B's down)
-    raw = L.random_blocks(f, 1, 14336, seed=3)
-    lay, packed = L.row_layout(f, 14336), L.repack(f, raw, 1, 14336)
-    assert lay.pass_group == 2
-    # chunk 167 (pass 5: group 2, pass 1 in it; lane 7): entry 64 * 2 + 2 * 7 + 1
-    s = L.ggml_fields(f, raw, 1, 14336)[2]
-    assert np.array_equal(packed[0, lay.s_off + 2 * 143:lay.s_off + 2 * 144], s[0, 167])
-    # block 22 (pass 5, lane group 2): entry 8 * 2 + 2 * 2 + 1
-    assert np.array_equal(packed[0, lay.d_off + 4 * 21:lay.d_off + 4 * 22], raw[0, 144 * 22:144 * 22 + 4])
 
 
 @pytest.mark.parametrize("name", FORMATS)
