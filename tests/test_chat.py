@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import select
+import signal
 import subprocess
 import termios
 import time
@@ -93,6 +94,9 @@ class Terminal:
         def own_tty():
             os.setsid()
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            # as a shell on a terminal starts it: a suite run in the background (`cmd &`) ignores SIGINT, which
+            # the chat would inherit, and Python then raises no KeyboardInterrupt at the prompt
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
 
         self.proc = subprocess.Popen(gdecode_cmd("chat", *args), cwd=ROOT, env=ENV, stdin=slave, stdout=slave,
                                      stderr=slave, preexec_fn=own_tty)
