@@ -9,6 +9,8 @@
 //   this one, fills its whole ring before its PDL wait, and streams while this one ends.
 // Both sum each lane's chunks in the same order and reduce a warp the same way: their outputs are equal, bit
 // for bit. KX is the row length, NROWS the rows, RPW the rows of a warp's unit (they share each x load).
+#include "common.cuh"
+
 #ifndef KX
 #define KX 4096
 #endif
@@ -41,24 +43,10 @@ constexpr int STAGE = RPW * SEG;        // bytes of one stage
 constexpr int ROWB = DPLANE ? KX + KX / 16 : KX;  // bytes of a row: quants, then the d plane
 static_assert(ITERS % BATCH == 0 && NROWS % RPW == 0, "whole batches and units");
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ uint4 ld_early(const unsigned char* p) {
-    uint4 r;
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-}
-
-__device__ __forceinline__ uint4 ld_stream(const unsigned char* p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
+// the weights' 16-byte loads: ld_early (coherent, kept above the PDL wait) and ld_stream (.nc)
+__device__ __forceinline__ uint4 ld_w(const unsigned char* p, bool early) {
+    const uint4* q = reinterpret_cast<const uint4*>(p);
+    return early ? ld_early(q) : ld_stream(q);
 }
 
 // x (fp32, written by the previous kernel) into xq: int8 per 32 values, d = amax / 127, 4 lanes per block
@@ -81,9 +69,9 @@ __device__ __forceinline__ void stage_x(const float* __restrict__ x, unsigned ch
     __syncthreads();
 }
 
-// chunk k of RPW rows against x: 4 dp4a each, times x's block scale
-__device__ __forceinline__ void dot_chunk(const uint4 (&w)[RPW], const unsigned char* xq, const float* xd, int k,
-                                          float (&acc)[RPW]) {
+// chunk k of RPW rows against x: 4 dp4a each, times x's block scale and row r's weight scale dw[r]
+__device__ __forceinline__ void dot_chunk(const uint4 (&w)[RPW], const float (&dw)[RPW], const unsigned char* xq,
+                                          const float* xd, int k, float (&acc)[RPW]) {
     const uint4 q = reinterpret_cast<const uint4*>(xq)[k];
     const float dx = xd[k >> 1];
 #pragma unroll
@@ -92,7 +80,7 @@ __device__ __forceinline__ void dot_chunk(const uint4 (&w)[RPW], const unsigned 
         s = __dp4a((int)w[r].y, (int)q.y, s);
         s = __dp4a((int)w[r].z, (int)q.z, s);
         s = __dp4a((int)w[r].w, (int)q.w, s);
-        acc[r] = fmaf(dx, (float)s, acc[r]);
+        acc[r] = fmaf(dx * dw[r], (float)s, acc[r]);
     }
 }
 
@@ -143,20 +131,6 @@ __device__ __forceinline__ void load_d(const unsigned char* row, int b, int lane
     }
 }
 
-__device__ __forceinline__ void dot_chunk_d(const uint4 (&w)[RPW], const unsigned short (&d)[RPW], const unsigned char* xq,
-                                            const float* xd, int k, float (&acc)[RPW]) {
-    const uint4 q = reinterpret_cast<const uint4*>(xq)[k];
-    const float dx = xd[k >> 1];
-#pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        int s = __dp4a((int)w[r].x, (int)q.x, 0);
-        s = __dp4a((int)w[r].y, (int)q.y, s);
-        s = __dp4a((int)w[r].z, (int)q.z, s);
-        s = __dp4a((int)w[r].w, (int)q.w, s);
-        acc[r] = DPLANE ? fmaf(dx * h2f(d[r]), (float)s, acc[r]) : fmaf(dx, (float)s, acc[r]);
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
     gemv_reg(const unsigned char* __restrict__ w, const float* __restrict__ rs, const float* x, float* y) {
     __shared__ __align__(16) unsigned char xq[KX];
@@ -169,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
     for (int v = 0; v < BATCH; ++v)
 #pragma unroll
         for (int r = 0; r < RPW; ++r)
-            a[v][r] = u < UNITS ? ld_early(w + (size_t)(u * RPW + r) * ROWB + 16 * (v * 32 + lane)) : make_uint4(0, 0, 0, 0);
+            a[v][r] = u < UNITS ? ld_w(w + (size_t)(u * RPW + r) * ROWB + 16 * (v * 32 + lane), true) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int r = 0; r < RPW; ++r) load_d(w + (size_t)(u * RPW + r) * ROWB, 0, lane, u < UNITS, true, ad[r]);
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -190,16 +164,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
             for (int v = 0; v < BATCH; ++v)
 #pragma unroll
                 for (int r = 0; r < RPW; ++r)
-                    na[v][r] = nu < UNITS ? ld_stream(w + (size_t)(nu * RPW + r) * ROWB + 16 * ((nb * BATCH + v) * 32 + lane))
+                    na[v][r] = nu < UNITS ? ld_w(w + (size_t)(nu * RPW + r) * ROWB + 16 * ((nb * BATCH + v) * 32 + lane), false)
                                           : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int r = 0; r < RPW; ++r) load_d(w + (size_t)(nu * RPW + r) * ROWB, nb, lane, nu < UNITS, false, nd[r]);
 #pragma unroll
             for (int v = 0; v < BATCH; ++v) {
-                unsigned short dv[RPW];
+                float dw[RPW];  // 1 without a d plane: dx * 1 is dx, bit for bit
 #pragma unroll
-                for (int r = 0; r < RPW; ++r) dv[r] = ad[r][v];
-                dot_chunk_d(a[v], dv, xq, xd, (b * BATCH + v) * 32 + lane, acc);
+                for (int r = 0; r < RPW; ++r) dw[r] = DPLANE ? h2f(ad[r][v]) : 1.0f;
+                dot_chunk(a[v], dw, xq, xd, (b * BATCH + v) * 32 + lane, acc);
             }
 #pragma unroll
             for (int v = 0; v < BATCH; ++v)
@@ -278,7 +252,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
             uint4 c[RPW];
 #pragma unroll
             for (int r = 0; r < RPW; ++r) c[r] = reinterpret_cast<const uint4*>(st + r * SEG)[v * 32 + lane];
-            dot_chunk(c, xq, xd, (b * BATCH + v) * 32 + lane, acc);
+            float dw[RPW];
+#pragma unroll
+            for (int r = 0; r < RPW; ++r) dw[r] = 1.0f;
+            dot_chunk(c, dw, xq, xd, (b * BATCH + v) * 32 + lane, acc);
         }
         __syncwarp();
         if (lane == 0) issue(w, t + STAGES, u0, stride, ring, bars);
