@@ -35,7 +35,7 @@ def bench(
     breakdown: bool = typer.Option(False, help="Also time each launch kind of one decode step."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     sample: bool = typer.Option(False, "--sample", help="Also time tg128 sampled (defaults, top-p, top-k, min-p, "
-                                "penalties) next to greedy."),
+                                "penalties) next to greedy, their runs taken in turn."),
 ):
     """Batch-1 prefill (pp512) and decode (tg128 at depth) speed, with achieved GB/s vs device copy bandwidth."""
     from rich.console import Console
@@ -98,9 +98,8 @@ def bench(
                     if t == "pp512":
                         results.append(B.bench_pp(backend, d, repeats))
                     else:
-                        results.append(B.bench_tg(backend, d, repeats, not no_graph, copy_gbs))
-                        for label, params in (B.SAMPLED.items() if sample else ()):
-                            results.append(B.bench_tg(backend, d, repeats, not no_graph, copy_gbs, params, label))
+                        configs = {"greedy": None, **(B.SAMPLED if sample else {})}
+                        results += B.bench_tg_set(backend, d, repeats, not no_graph, copy_gbs, configs)
                     progress.advance(task)
             if breakdown:
                 kinds = B.breakdown(backend, depths[-1])

@@ -1,13 +1,15 @@
 """A/B of decode tunings in one process: tok/s per variant and depth, against the same copy bandwidth.
 
-PYTHONPATH=. python3 dev/decode_ab.py [--profile] [--quant FORMAT] [--only V1,V2] [--sample CONFIG] [shape ...]
+PYTHONPATH=. python3 dev/decode_ab.py [--profile] [--quant FORMAT] [--only V1,V2] [--sample CONFIG]
+    [--depths D1,D2] [shape ...]
 
 Each variant is a Tuning; the step is rebuilt and captured again over the same weights and cache
 (the buffers' split count stays the backend's, so variants differ in everything but splits). --profile
 also prints, for each variant at each depth, the marginal cost of every launch kind inside the graph:
 the step's replay time minus the replay time of the step without that kind (PDL overlap included).
 --quant makes the random weights in a block format (as `gdecode bench --quant`, e.g. q4_k_m) and runs
-QUANT_VARIANTS, the block-format GEMVs' tunings, in place of VARIANTS, at depth 0.
+QUANT_VARIANTS, the block-format GEMVs' tunings, in place of VARIANTS, at depth 0. --depths replaces the
+depths of PLAN (and the block formats' 0) for every shape.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from kernels.tuning import AttnTuning, GemvTuning, Tuning
 VARIANTS = {
     "default": Tuning(),
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
-    "attn chunk 256": Tuning(attn=AttnTuning(min_chunk=256)),
+    # the split rule: min_chunk rows per split with no one-split rule, or one split up to N rows
+    **{f"attn chunk {c}": Tuning(attn=AttnTuning(min_chunk=c, one_split_rows=0)) for c in (64, 128, 256, 512, 1024)},
+    **{f"one split {n}": Tuning(attn=AttnTuning(one_split_rows=n)) for n in (0, 128, 256, 384, 512)},
     "w4 mb4": Tuning(gemv=GemvTuning(warps=4, min_blocks=4)),
     "w16 mb1": Tuning(gemv=GemvTuning(warps=16, min_blocks=1)),
     "w2 mb8": Tuning(gemv=GemvTuning(warps=2, min_blocks=8)),
@@ -39,6 +43,8 @@ QUANT_VARIANTS = {
     "few rows 2": Tuning(gemv=GemvTuning(quant_few_rows=2)),
     "no part overlap": Tuning(gemv=GemvTuning(parts_overlap=False)),
     "w8 mb2": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2)),
+    **{f"attn chunk {c}": Tuning(attn=AttnTuning(min_chunk=c, one_split_rows=0)) for c in (64, 256, 512)},
+    **{f"one split {n}": Tuning(attn=AttnTuning(one_split_rows=n)) for n in (0, 128, 256)},
 }
 PLAN = {
     "llama3-8b": [0, 8192, 32768],
@@ -90,11 +96,16 @@ def main(argv):
         sampling = argv[argv.index("--sample") + 1]
         params = B.SAMPLED[sampling]
         argv = [a for a in argv if a != sampling]
+    depth_list = None
+    if "--depths" in argv:
+        given = argv[argv.index("--depths") + 1]
+        depth_list = [int(d) for d in given.split(",")]
+        argv = [a for a in argv if a != given]
     shapes = [a for a in argv if not a.startswith("--")] or list(PLAN)
     copy_gbs = copy_bandwidth(4 << 30, 10)
     print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
     for name in shapes:
-        depths = PLAN.get(name, [0]) if quant == "bf16" else [0]
+        depths = depth_list or (PLAN.get(name, [0]) if quant == "bf16" else [0])
         cfg = named_shape(name)
         need = max(depths) + B.TG_TOKENS + B.WARMUP + 1
         backend = CudaBackend(cfg, None, max_context=need, random_quant=quant)

@@ -12,6 +12,7 @@ from engine.config import ModelConfig
 from engine.sampling import SamplingParams
 from graphs.decode import Launches
 from kernels.numerics import active_splits
+from kernels.tuning import AttnTuning
 
 TG_TOKENS = 128
 PP_TOKENS = 512
@@ -92,6 +93,13 @@ def step_bytes(backend, n_cached: int) -> int:
 
 def bench_tg(backend, depth: int, repeats: int, graph: bool, copy_gbs: float,
              params: SamplingParams | None = None, sampling: str = "greedy") -> Result:
+    return bench_tg_set(backend, depth, repeats, graph, copy_gbs, {sampling: params})[0]
+
+
+def bench_tg_set(backend, depth: int, repeats: int, graph: bool, copy_gbs: float,
+                 configs: dict[str, SamplingParams | None]) -> list[Result]:
+    """tg128 of each sampling configuration (None: greedy), their runs taken in turn, repeat after repeat,
+    so that a drift of the GPU's clocks over the run weighs on every configuration alike."""
     run = backend.step if graph else backend.step.eager
     timer = Timer(backend.stream)
 
@@ -99,12 +107,18 @@ def bench_tg(backend, depth: int, repeats: int, graph: bool, copy_gbs: float,
         for _ in range(n):
             run()
 
-    set_position(backend, depth, params=params)
-    timer(lambda: tokens(WARMUP))
-    times = []
-    for _ in range(repeats):
+    times = {label: [] for label in configs}
+    for label, params in configs.items():
         set_position(backend, depth, params=params)
-        times.append(timer(lambda: tokens(TG_TOKENS)))
+        timer(lambda: tokens(WARMUP))
+    for _ in range(repeats):
+        for label, params in configs.items():
+            set_position(backend, depth, params=params)
+            times[label].append(timer(lambda: tokens(TG_TOKENS)))
+    return [_tg_result(backend, depth, graph, copy_gbs, times[label], label) for label in configs]
+
+
+def _tg_result(backend, depth: int, graph: bool, copy_gbs: float, times: list[float], sampling: str) -> Result:
     ms = statistics.median(times) / TG_TOKENS
     nbytes = step_bytes(backend, depth + TG_TOKENS // 2 + 1)
     gbs = nbytes / (ms * 1e-3) / 1e9
@@ -146,10 +160,10 @@ def bench_pp(backend, depth: int, repeats: int) -> Result:
     return Result(name, mode, backend.attn_splits, PP_TOKENS / (ms * 1e-3), ms / PP_TOKENS, None, None)
 
 
-def kind_bytes(cfg: ModelConfig, n_cached: int, splits: int, min_chunk: int) -> dict[str, int]:
+def kind_bytes(cfg: ModelConfig, n_cached: int, splits: int, attn: AttnTuning) -> dict[str, int]:
     """Bytes each launch kind of the step reads + writes (summed over layers), with n_cached cache rows."""
     h, q, kv, i, L = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.num_layers
-    active = active_splits(n_cached, splits, min_chunk)
+    active = active_splits(n_cached, splits, attn.min_chunk, attn.one_split_rows)
     # the partials of the active splits, written and read back by the merging block (none for one split)
     partials = 0 if active == 1 else 2 * cfg.num_heads * active * (cfg.head_dim + 2) * 4
     return {
@@ -189,7 +203,7 @@ def breakdown(backend, depth: int, repeats: int = 5) -> list[dict]:
             totals[kind] = totals.get(kind, 0.0) + cp.cuda.get_elapsed_time(events[j], events[j + 1])
         for kind, t in totals.items():
             per_kind.setdefault(kind, []).append(t)
-    nbytes = kind_bytes(cfg, depth + 1, backend.attn_splits, backend.tuning.attn.min_chunk)
+    nbytes = kind_bytes(cfg, depth + 1, backend.attn_splits, backend.tuning.attn)
     w = backend.weights  # the projections read their matrices as stored (block formats at their size)
     for kind, field in (("qkv_proj", "wqkv"), ("o_proj", "wo"), ("gate_up", "w_gate_up"), ("down_proj", "w_down")):
         nbytes[kind] = sum(int(getattr(lw, field).nbytes) for lw in w.layers)

@@ -3,9 +3,11 @@
 // GROUP query heads of kv head h, so each K/V row is loaded once. A row is LANES_PER_ROW lanes wide
 // (16 bytes each); a warp reads ROW_SLOTS rows at once, ROWS_PER_SLOT times per step. Scores are in
 // the base-2 domain (scale2 = scale * log2 e); an empty split writes m = -inf, l = 0.
-// Only active = min(splits, ceil(n_cached / min_chunk)) splits work (the others exit), with
-// chunk = ceil(n_cached / active); the last active block of each kv head to finish merges the
-// partials into out, and resets its counter. With one active split the block writes out directly.
+// Only active = min(splits, ceil(n_cached / min_chunk)) splits work (the others exit), one up to
+// one_split_rows cached rows, with chunk = ceil(n_cached / active); the last active block of each kv
+// head to finish merges the partials into out, and resets its counter. With one active split the block
+// writes out directly: at a few hundred rows the merge (fences, a count, the partials read back from
+// L2) costs more than the split saves.
 // The position is read before the PDL wait (the previous step wrote it) and rows that earlier steps
 // appended start loading; the row this step appends waits.
 // Defines: HEAD_DIM, GROUP (query heads per kv head), WARPS, MAX_SPLITS (the host's split limit).
@@ -397,12 +399,12 @@ __device__ __forceinline__ void combine(const float* pm, const float* pl, const 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 attn_decode(const float* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
             const DecodeState* __restrict__ st, float* pm, float* pl, float* pacc, float* __restrict__ out,
-            unsigned* counters, int max_ctx, float scale2, int min_chunk)
+            unsigned* counters, int max_ctx, float scale2, int min_chunk, int one_split_rows)
 {
     // the position is the previous step's: no kernel of this step writes it
     const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
     const int n_cached = min(max(st->pos, 0) + 1, max_ctx);
-    const int active = min(splits, (n_cached + min_chunk - 1) / min_chunk);
+    const int active = n_cached <= one_split_rows ? 1 : min(splits, (n_cached + min_chunk - 1) / min_chunk);
     if (split >= active) return;
     const int chunk = (n_cached + active - 1) / active;
     const int lo = min(split * chunk, n_cached), hi = min(lo + chunk, n_cached);

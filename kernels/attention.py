@@ -35,7 +35,8 @@ def _occupancy(hd: int, group: int, warps: int) -> int:
 
 def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: int, kv_heads: int, hd: int,
                 splits: int, max_ctx: int, tuning: AttnTuning = AttnTuning(), pdl: bool = False) -> Launch:
-    """Split-KV attention over min(splits, ceil(n_cached / min_chunk)) splits, merged by the last block.
+    """Split-KV attention over min(splits, ceil(n_cached / min_chunk)) splits, merged by the last block;
+    one split (no merge) up to tuning.one_split_rows cached rows.
 
     q: [nh * hd] f32; k_cache, v_cache: [kv_heads, max_ctx, hd] bf16; pm, pl: [nh, splits] and
     pacc: [nh, splits, hd] f32 partials; out: [nh * hd] f32.
@@ -44,7 +45,8 @@ def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: 
     if not 1 <= splits <= ATTN_MAX_SPLITS:
         raise ValueError(f"attention splits must be in [1, {ATTN_MAX_SPLITS}], got {splits}")
     mod = _module(hd, nh // kv_heads, tuning.warps)
-    return mod.function("attn_decode", "PPPPPPPPPifi").prepare(
+    return mod.function("attn_decode", "PPPPPPPPPifii").prepare(
         (splits, kv_heads), tuning.warps * 32,
-        [q, k_cache, v_cache, state, pm, pl, pacc, out, counters, max_ctx, softmax_scale2(hd), tuning.min_chunk],
+        [q, k_cache, v_cache, state, pm, pl, pacc, out, counters, max_ctx, softmax_scale2(hd), tuning.min_chunk,
+         tuning.one_split_rows],
         pdl=pdl, name="attn")

@@ -18,6 +18,9 @@ def rope_tables(inv_freq: np.ndarray, positions: int) -> tuple[np.ndarray, np.nd
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def active_splits(n_cached: int, splits: int, min_chunk: int) -> int:
-    """Splits of decode attention that get rows: at most `splits`, each with at least min_chunk rows."""
+def active_splits(n_cached: int, splits: int, min_chunk: int, one_split_rows: int = 0) -> int:
+    """Splits of decode attention that get rows: one up to one_split_rows cached rows, else at most `splits`,
+    each with at least min_chunk rows."""
+    if n_cached <= one_split_rows:
+        return 1
     return max(1, min(splits, -(-n_cached // min_chunk)))

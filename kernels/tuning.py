@@ -40,9 +40,11 @@ FP32_X = GemvTuning(quant_int8_x=False, quant_rows=4, quant_warps=4, quant_min_b
 class AttnTuning:
     warps: int = 8  # warps per attn_decode block
     min_chunk: int = 64  # cache rows per active split at least
+    # up to this many cached rows, one split takes them all: merging splits costs more than they save there
+    one_split_rows: int = 128
 
     def __post_init__(self):
-        assert self.warps in (1, 2, 4, 8, 16) and self.min_chunk >= 1, self
+        assert self.warps in (1, 2, 4, 8, 16) and self.min_chunk >= 1 and self.one_split_rows >= 0, self
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import pytest
 from engine.bench import TG_TOKENS, kind_bytes
 from engine.shapes import SHAPES, decode_bytes, shape
 from graphs.decode import STEP_KINDS
-from kernels.tuning import Tuning
+from kernels.tuning import AttnTuning, Tuning
 from tests.test_cli import assert_one_line_error, gdecode
 
 
@@ -20,16 +20,18 @@ def test_breakdown_bytes_cover_the_step():
     from graphs.decode import STEP_KINDS
 
     cfg = shape("qwen2.5-0.5b")
-    per_kind = kind_bytes(cfg, 1, 32, 64)
+    attn = AttnTuning(min_chunk=64, one_split_rows=100)
+    per_kind = kind_bytes(cfg, 1, 32, attn)
     assert set(per_kind) == set(STEP_KINDS), "every launch kind of the step has a byte count"
     weights = sum(per_kind[k] for k in ("qkv_proj", "o_proj", "gate_up", "down_proj", "lm_head"))
     assert weights == pytest.approx(decode_bytes(cfg, 0), rel=1e-3)
-    # attention reads the K/V rows, plus the partials of the active splits once there is more than one
+    # attention reads the K/V rows, plus the partials of the active splits once there is more than one:
+    # none up to 100 rows (one split), then two splits of at least 64 rows
     kv_row = 2 * 2 * cfg.kv_size * cfg.num_layers
-    one_split = kind_bytes(cfg, 64, 32, 64)["attn"]
-    assert one_split - per_kind["attn"] == 63 * kv_row
+    one_split = kind_bytes(cfg, 100, 32, attn)["attn"]
+    assert one_split - per_kind["attn"] == 99 * kv_row
     partials = 2 * cfg.num_heads * 2 * (cfg.head_dim + 2) * 4 * cfg.num_layers
-    assert kind_bytes(cfg, 65, 32, 64)["attn"] - one_split == kv_row + partials
+    assert kind_bytes(cfg, 101, 32, attn)["attn"] - one_split == kv_row + partials
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -86,7 +88,7 @@ def test_bench_json_fields_agree():
     assert {"embed", "qkv_proj", "attn", "o_proj", "gate_up", "down_proj", "lm_head", "sample"} <= set(counts)
     assert set(counts) <= set(STEP_KINDS)
     assert all(n == (1 if kind in once else cfg.num_layers) for kind, n in counts.items()), counts
-    nbytes = kind_bytes(cfg, 600 + 1, rows["tg128"]["splits"], Tuning().attn.min_chunk)
+    nbytes = kind_bytes(cfg, 600 + 1, rows["tg128"]["splits"], Tuning().attn)
     # the projections count their bf16 matrices as stored (what a block format would read instead)
     h, q, kv, i, L = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.num_layers
     nbytes.update(qkv_proj=L * 2 * (q + 2 * kv) * h, o_proj=L * 2 * h * q, gate_up=L * 2 * 2 * i * h,
@@ -96,3 +98,12 @@ def test_bench_json_fields_agree():
         assert k["gb_s"] == pytest.approx(nbytes[k["kernel"]] / (k["ms"] * 1e-3) / 1e9, rel=1e-9)
     assert sum(k["share"] for k in kinds) == pytest.approx(100, rel=1e-9)
     assert [k["ms"] for k in kinds] == sorted((k["ms"] for k in kinds), reverse=True)
+
+
+@pytest.mark.gpu
+def test_bench_sample_times_every_configuration_next_to_greedy():
+    r = gdecode("bench", "--shape", "smollm2-135m", "--tests", "tg128", "--sample", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["results"]
+    assert [x["sampling"] for x in rows] == ["greedy", "defaults", "top-p", "top-k", "min-p", "penalties"]
+    assert all(x["test"] == "tg128" and x["mode"] == "graph" and x["tok_s"] > 0 for x in rows)

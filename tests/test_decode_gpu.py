@@ -93,11 +93,13 @@ def ring_token(be, j):
 
 
 def tuned(splits, min_chunk=None):
-    return Tuning(splits=splits, attn=AttnTuning() if min_chunk is None else AttnTuning(min_chunk=min_chunk))
+    """The default attention tuning, or min_chunk rows per split with no one-split rule."""
+    return Tuning(splits=splits, attn=AttnTuning() if min_chunk is None else
+                  AttnTuning(min_chunk=min_chunk, one_split_rows=0))
 
 
-# (splits, min_chunk): the default min_chunk (one or two active splits over these few rows), and a
-# small one, so every split is active well before the end of the run
+# (splits, min_chunk): the default tuning (one split over these few rows), and a small min_chunk, so every
+# split is active well before the end of the run
 SPLIT_CASES = [(8, None), (32, None), (8, 1), (32, 1)]
 
 

@@ -286,7 +286,7 @@ def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits):
     case = AttnCase(cp, rng, nh, nkv, hd, splits, ctx=320)
     q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
     for n_cached in _attn_rows(splits):
-        out = case.run(q, n_cached, AttnTuning(min_chunk=1))
+        out = case.run(q, n_cached, AttnTuning(min_chunk=1, one_split_rows=0))
         active = active_splits(n_cached, splits, 1)
         m_ref, l_ref, acc_ref = split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, n_cached, active)
         if active > 1:
@@ -307,13 +307,30 @@ def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits):
 @pytest.mark.parametrize("nh,nkv,hd", ATTN_HEADS)
 def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min_chunk, warps):
     case = AttnCase(cp, rng, nh, nkv, hd, splits, ctx=320)
-    tuning = AttnTuning(warps=warps, min_chunk=min_chunk)
+    tuning = AttnTuning(warps=warps, min_chunk=min_chunk, one_split_rows=0)
     for n_cached in _attn_rows(splits) + [case.ctx, case.ctx + 7]:
         q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
         out = case.run(q, n_cached, tuning)
         rows = min(n_cached, case.ctx)
         active = active_splits(rows, splits, min_chunk)
         ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, rows, active))
+        assert rel(out, ref) < FP32_TOL, f"n_cached={n_cached} active={active}"
+
+
+@pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (32, 8, 128)])
+def test_attention_one_split_up_to_its_rows(cp, rng, nh, nkv, hd):
+    """The default tuning: up to one_split_rows cached rows one block per kv head writes out directly and
+    leaves the partials alone (still NaN); past them the splits merge, and every output matches."""
+    t = AttnTuning()
+    splits = 16
+    case = AttnCase(cp, rng, nh, nkv, hd, splits, ctx=320)
+    for n_cached in (1, 63, 64, 65, t.one_split_rows - 1, t.one_split_rows, t.one_split_rows + 1, 300):
+        q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
+        out = case.run(q, n_cached, t)
+        active = active_splits(n_cached, splits, t.min_chunk, t.one_split_rows)
+        assert (active == 1) == (n_cached <= t.one_split_rows)
+        assert np.isnan(case.pl.get()).all() == (active == 1), f"n_cached={n_cached}: partials written or not"
+        ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, n_cached, active))
         assert rel(out, ref) < FP32_TOL, f"n_cached={n_cached} active={active}"
 
 
@@ -331,7 +348,7 @@ def test_attention_long_splits(cp, rng, nh, nkv, hd, warps, ramp):
     kb, kf = bf16(k)
     for rows in (5999, 4097, 1000):
         q = (rng.standard_normal(nh * hd) * (2.0 if ramp else 0.3)).astype(np.float32)
-        out = case.run(q, rows, AttnTuning(warps=warps, min_chunk=1), k=kb)
+        out = case.run(q, rows, AttnTuning(warps=warps, min_chunk=1, one_split_rows=0), k=kb)
         ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), kf, case.vf, rows, splits))
         assert rel(out, ref) < FP32_TOL, f"n_cached={rows}"
 

@@ -20,6 +20,8 @@ def test_tuning_is_frozen_and_checked():
     with pytest.raises(AssertionError):
         AttnTuning(min_chunk=0)
     with pytest.raises(AssertionError):
+        AttnTuning(one_split_rows=-1)
+    with pytest.raises(AssertionError):
         PrefillTuning(attn_warps=16)  # prefill_attn's launch bounds want 8 / warps blocks per SM
 
 
@@ -29,6 +31,14 @@ def test_tuning_is_frozen_and_checked():
 ])
 def test_active_splits(n_cached, splits, min_chunk, want):
     assert active_splits(n_cached, splits, min_chunk) == want
+
+
+@pytest.mark.parametrize("n_cached,want", [(1, 1), (127, 1), (128, 1), (129, 3), (192, 3), (193, 4), (10**6, 32)])
+def test_one_split_up_to_its_rows(n_cached, want):
+    """The default tuning: one split (no merge) up to 128 cached rows, then splits of at least 64 rows."""
+    t = AttnTuning()
+    assert (t.min_chunk, t.one_split_rows) == (64, 128)
+    assert active_splits(n_cached, 32, t.min_chunk, t.one_split_rows) == want
 
 
 def test_softmax_scale2_is_base_2():
