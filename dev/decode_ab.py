@@ -1,7 +1,7 @@
 """A/B of decode tunings in one process: tok/s per variant and depth, against the same copy bandwidth.
 
 PYTHONPATH=. python3 dev/decode_ab.py [--profile] [--quant FORMAT] [--only V1,V2] [--sample CONFIG]
-    [--depths D1,D2] [shape ...]
+    [--depths D1,D2] [--rounds N] [shape ...]
 
 Each variant is a Tuning; the step is rebuilt and captured again over the same weights and cache
 (the buffers' split count stays the backend's, so variants differ in everything but splits). --profile
@@ -9,7 +9,8 @@ also prints, for each variant at each depth, the marginal cost of every launch k
 the step's replay time minus the replay time of the step without that kind (PDL overlap included).
 --quant makes the random weights in a block format (as `gdecode bench --quant`, e.g. q4_k_m) and runs
 QUANT_VARIANTS, the block-format GEMVs' tunings, in place of VARIANTS, at depth 0. --depths replaces the
-depths of PLAN (and the block formats' 0) for every shape.
+depths of PLAN (and the block formats' 0) for every shape. --rounds N times every variant N times in turn
+(A B C A B C ...), so that a drift of the GPU's clocks over the run shows as the spread of each one's rows.
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ def main(argv):
         given = argv[argv.index("--depths") + 1]
         depth_list = [int(d) for d in given.split(",")]
         argv = [a for a in argv if a != given]
+    rounds = 1
+    if "--rounds" in argv:
+        given = argv[argv.index("--rounds") + 1]
+        rounds = int(given)
+        argv = [a for a in argv if a != given]
     shapes = [a for a in argv if not a.startswith("--")] or list(PLAN)
     copy_gbs = copy_bandwidth(4 << 30, 10)
     print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
@@ -112,7 +118,7 @@ def main(argv):
         B.fill_cache(backend)
         for d in depths:
             B.fill_depth(backend, d)
-            for v, tuning in variants.items():
+            for v, tuning in [item for _ in range(rounds) for item in variants.items()]:
                 backend.step = DecodeStep(cfg, backend.weights, backend.bufs, backend.stream, tuning)
                 r = B.bench_tg(backend, d, 5, True, copy_gbs, params, sampling)
                 print(f"{name} {quant} {sampling} d={d:<6} {v:<12} {r.tok_s:8.1f} tok/s {r.ms_per_token:.4f} ms "

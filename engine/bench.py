@@ -108,7 +108,7 @@ def bench_tg_set(backend, depth: int, repeats: int, graph: bool, copy_gbs: float
             run()
 
     times = {label: [] for label in configs}
-    for label, params in configs.items():
+    for params in configs.values():
         set_position(backend, depth, params=params)
         timer(lambda: tokens(WARMUP))
     for _ in range(repeats):

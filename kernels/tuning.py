@@ -41,7 +41,8 @@ class AttnTuning:
     warps: int = 8  # warps per attn_decode block
     min_chunk: int = 64  # cache rows per active split at least
     # up to this many cached rows, one split takes them all: merging splits costs more than they save there
-    one_split_rows: int = 128
+    # (docs/PERFORMANCE.md, "One split at short contexts")
+    one_split_rows: int = 256
 
     def __post_init__(self):
         assert self.warps in (1, 2, 4, 8, 16) and self.min_chunk >= 1 and self.one_split_rows >= 0, self

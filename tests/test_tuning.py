@@ -33,11 +33,11 @@ def test_active_splits(n_cached, splits, min_chunk, want):
     assert active_splits(n_cached, splits, min_chunk) == want
 
 
-@pytest.mark.parametrize("n_cached,want", [(1, 1), (127, 1), (128, 1), (129, 3), (192, 3), (193, 4), (10**6, 32)])
+@pytest.mark.parametrize("n_cached,want", [(1, 1), (129, 1), (256, 1), (257, 5), (320, 5), (321, 6), (10**6, 32)])
 def test_one_split_up_to_its_rows(n_cached, want):
-    """The default tuning: one split (no merge) up to 128 cached rows, then splits of at least 64 rows."""
+    """The default tuning: one split (no merge) up to 256 cached rows, then splits of at least 64 rows."""
     t = AttnTuning()
-    assert (t.min_chunk, t.one_split_rows) == (64, 128)
+    assert (t.min_chunk, t.one_split_rows) == (64, 256)
     assert active_splits(n_cached, 32, t.min_chunk, t.one_split_rows) == want
 
 
