@@ -40,7 +40,6 @@ def bench(
     """Batch-1 prefill (pp512) and decode (tg128 at depth) speed, with achieved GB/s vs device copy bandwidth."""
     from rich.console import Console
     from rich.progress import Progress
-    from rich.table import Table
 
     from engine import bench as B
     from engine.loader import load_config
@@ -114,16 +113,36 @@ def bench(
     out.print(f"{name}: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads}/{cfg.num_kv_heads} heads, "
               f"vocab {cfg.vocab_size}; {weight_gb:.2f} GB of weights read per token; device copy bandwidth "
               f"{copy_gbs:,.0f} GB/s (4 GiB D2D, read + write)")
-    table = Table("test", "mode", "sampling", "splits", "tok/s", "ms/token", "GB/s", "% of copy BW")
+    out.print(results_table(results))
+    if kinds:
+        out.print(breakdown_table(kinds, depths[-1]))
+
+
+def _table(*headers: str, title: str | None = None):
+    """A table whose cells fold onto a second line in a narrow terminal instead of losing digits to an
+    ellipsis; without vertical rules, so that the bench's tables fit 80 columns whole."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for h in headers:
+        table.add_column(h, overflow="fold", justify="left" if h in ("test", "mode", "sampling", "kernel") else "right")
+    return table
+
+
+def results_table(results):
+    table = _table("test", "mode", "sampling", "splits", "tok/s", "ms/token", "GB/s", "% copy")
     for r in results:
         table.add_row(r.test, r.mode, r.sampling if r.test.startswith("tg") else "", str(r.splits),
                       f"{r.tok_s:,.1f}", f"{r.ms_per_token:.3f}",
                       "" if r.gb_s is None else f"{r.gb_s:,.0f}", "" if r.pct_copy is None else f"{r.pct_copy:.1f}")
-    out.print(table)
-    if kinds:
-        t2 = Table("kernel", "launches", "ms/step", "us/launch", "GB/s", "share %",
-                   title=f"one eager decode step at depth {depths[-1]}")
-        for k in kinds:
-            t2.add_row(k["kernel"], str(k["launches"]), f"{k['ms']:.3f}", f"{k['us_per_launch']:.1f}",
-                       f"{k['gb_s']:,.0f}", f"{k['share']:.1f}")
-        out.print(t2)
+    return table
+
+
+def breakdown_table(kinds: list[dict], depth: int):
+    table = _table("kernel", "launches", "ms/step", "us/launch", "GB/s", "share %",
+                   title=f"one eager decode step at depth {depth}")
+    for k in kinds:
+        table.add_row(k["kernel"], str(k["launches"]), f"{k['ms']:.3f}", f"{k['us_per_launch']:.1f}",
+                      f"{k['gb_s']:,.0f}", f"{k['share']:.1f}")
+    return table

@@ -107,3 +107,29 @@ def test_bench_sample_times_every_configuration_next_to_greedy():
     rows = json.loads(r.stdout)["results"]
     assert [x["sampling"] for x in rows] == ["greedy", "defaults", "top-p", "top-k", "min-p", "penalties"]
     assert all(x["test"] == "tg128" and x["mode"] == "graph" and x["tok_s"] > 0 for x in rows)
+
+
+def test_bench_tables_keep_every_digit_in_80_columns():
+    from rich.console import Console
+
+    from cli.bench import breakdown_table, results_table
+    from engine.bench import Result
+
+    rows = [Result("pp512@32768", "prefill", 33, 275223.4, 0.0036, None, None, "greedy"),
+            Result("tg128@32768", "graph", 33, 1874.6, 0.5335, 1854.2, 43.2, "penalties")]
+    kinds = [{"kernel": "attn_partial", "launches": 24, "ms": 0.325, "us_per_launch": 13.5, "gb_s": 12346.0,
+              "share": 28.8}]
+    for table, cells in ((results_table(rows), ["pp512@32768", "275,223.4", "tg128@32768", "penalties",
+                                                 "1,874.6", "0.533", "1,854", "43.2", "% copy"]),
+                         (breakdown_table(kinds, 32768), ["attn_partial", "0.325", "13.5", "12,346", "28.8"])):
+        console = Console(width=80, record=True)
+        console.print(table)
+        text = console.export_text()
+        assert max(len(line) for line in text.splitlines()) <= 80
+        for cell in cells:
+            assert cell in text, (cell, text)
+        assert "…" not in text
+    # narrower, a cell folds onto a second line and keeps its digits
+    console = Console(width=50, record=True)
+    console.print(results_table(rows))
+    assert "…" not in console.export_text()
