@@ -1,8 +1,10 @@
-"""Host-side math that the launch builders and the numpy reference must agree on (numpy only)."""
+"""Host-side math that the launch builders and the numpy reference must agree on (numpy and the tuning values)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from kernels.tuning import AttnTuning
 
 LOG2E = 1.4426950408889634  # attention scores are kept in the base-2 domain: exp(x) = exp2(x * LOG2E)
 
@@ -18,9 +20,9 @@ def rope_tables(inv_freq: np.ndarray, positions: int) -> tuple[np.ndarray, np.nd
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def active_splits(n_cached: int, splits: int, min_chunk: int, one_split_rows: int = 0) -> int:
-    """Splits of decode attention that get rows: one up to one_split_rows cached rows, else at most `splits`,
-    each with at least min_chunk rows."""
-    if n_cached <= one_split_rows:
+def active_splits(n_cached: int, splits: int, attn: AttnTuning) -> int:
+    """Splits of decode attention that get rows, as attn_decode picks them under `attn`: one up to
+    attn.one_split_rows cached rows, else at most `splits`, each with at least attn.min_chunk rows."""
+    if n_cached <= attn.one_split_rows:
         return 1
-    return max(1, min(splits, -(-n_cached // min_chunk)))
+    return max(1, min(splits, -(-n_cached // attn.min_chunk)))

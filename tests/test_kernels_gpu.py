@@ -285,9 +285,10 @@ def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits):
     the partials the merging block reads are checked too (they are left in pm, pl, pacc)."""
     case = AttnCase(cp, rng, nh, nkv, hd, splits, ctx=320)
     q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
+    tuning = AttnTuning(min_chunk=1, one_split_rows=0)
     for n_cached in _attn_rows(splits):
-        out = case.run(q, n_cached, AttnTuning(min_chunk=1, one_split_rows=0))
-        active = active_splits(n_cached, splits, 1)
+        out = case.run(q, n_cached, tuning)
+        active = active_splits(n_cached, splits, tuning)
         m_ref, l_ref, acc_ref = split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, n_cached, active)
         if active > 1:
             m = case.pm.get()[:, :active].T
@@ -312,7 +313,7 @@ def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min
         q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
         out = case.run(q, n_cached, tuning)
         rows = min(n_cached, case.ctx)
-        active = active_splits(rows, splits, min_chunk)
+        active = active_splits(rows, splits, tuning)
         ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, rows, active))
         assert rel(out, ref) < FP32_TOL, f"n_cached={n_cached} active={active}"
 
@@ -327,7 +328,7 @@ def test_attention_one_split_up_to_its_rows(cp, rng, nh, nkv, hd):
     for n_cached in (1, 63, 64, 65, t.one_split_rows - 1, t.one_split_rows, t.one_split_rows + 1, 300):
         q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
         out = case.run(q, n_cached, t)
-        active = active_splits(n_cached, splits, t.min_chunk, t.one_split_rows)
+        active = active_splits(n_cached, splits, t)
         assert (active == 1) == (n_cached <= t.one_split_rows)
         assert np.isnan(case.pl.get()).all() == (active == 1), f"n_cached={n_cached}: partials written or not"
         ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, n_cached, active))

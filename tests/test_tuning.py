@@ -30,7 +30,7 @@ def test_tuning_is_frozen_and_checked():
     (7, 8, 1, 7), (8, 8, 1, 8), (9, 8, 1, 8), (10, 128, 3, 4), (0, 8, 1, 1),
 ])
 def test_active_splits(n_cached, splits, min_chunk, want):
-    assert active_splits(n_cached, splits, min_chunk) == want
+    assert active_splits(n_cached, splits, AttnTuning(min_chunk=min_chunk, one_split_rows=0)) == want
 
 
 @pytest.mark.parametrize("n_cached,want", [(1, 1), (129, 1), (256, 1), (257, 5), (320, 5), (321, 6), (10**6, 32)])
@@ -38,7 +38,7 @@ def test_one_split_up_to_its_rows(n_cached, want):
     """The default tuning: one split (no merge) up to 256 cached rows, then splits of at least 64 rows."""
     t = AttnTuning()
     assert (t.min_chunk, t.one_split_rows) == (64, 256)
-    assert active_splits(n_cached, 32, t.min_chunk, t.one_split_rows) == want
+    assert active_splits(n_cached, 32, t) == want
 
 
 def test_softmax_scale2_is_base_2():
