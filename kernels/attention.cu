@@ -421,12 +421,13 @@ attn_decode(const float* __restrict__ q, const bf16* __restrict__ k_cache, const
         return;
     }
     store_partials(sm, kvh, split, splits, pm, pl, pacc);
-    // the block's writes, then its count (as a cooperative grid sync orders them)
+    // the block's writes, then its count: the add releases what the barrier ordered before it, and the
+    // last block's add acquires what every other block released
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(counters + kvh, 1u) == (unsigned)active - 1;
-        __threadfence();
+        unsigned before;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + kvh) : "memory");
+        last = before == (unsigned)active - 1;
     }
     __syncthreads();
     if (!last) return;
