@@ -6,7 +6,8 @@ PYTHONPATH=. python3 dev/decode_ab.py [--profile] [--quant FORMAT] [--only V1,V2
 Each variant is a Tuning; the step is rebuilt and captured again over the same weights and cache
 (the buffers' split count stays the backend's, so variants differ in everything but splits). --profile
 also prints, for each variant at each depth, the marginal cost of every launch kind inside the graph:
-the step's replay time minus the replay time of the step without that kind (PDL overlap included).
+the step's replay time minus the replay time of the step without that kind (PDL overlap included),
+and what the boundary between two replays costs (a step against half of a graph of two steps).
 --quant makes the random weights in a block format (as `gdecode bench --quant`, e.g. q4_k_m) and runs
 QUANT_VARIANTS, the block-format GEMVs' tunings, in place of VARIANTS, at depth 0. --depths replaces the
 depths of PLAN (and the block formats' 0) for every shape. --rounds N times every variant N times in turn
@@ -74,7 +75,11 @@ def profile(backend, tuning: Tuning, depth: int) -> str:
         return g
 
     full = replay_ms(backend, graph_of(lambda k: True), depth)
-    out = [f"step {1e3 * full:.1f}us"]
+    # two steps in one graph: what a step costs without the boundary between two replays
+    pair = capture(s, launches + launches)
+    s.synchronize()
+    twice = replay_ms(backend, pair, depth, n=32) / 2
+    out = [f"step {1e3 * full:.1f}us", f"between_replays={1e3 * (full - twice):.1f}"]
     for kind in dict.fromkeys(kinds):
         if kind == "sample":
             continue
