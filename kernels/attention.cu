@@ -5,26 +5,31 @@
 // the base-2 domain (scale2 = scale * log2 e); an empty split writes m = -inf, l = 0.
 // Only active = min(splits, ceil(n_cached / min_chunk)) splits work (the others exit), one up to
 // one_split_rows cached rows, with chunk = ceil(n_cached / active); the last active block of each kv
-// head to finish merges the partials into out, and resets its counter. With one active split the block
-// writes out directly: at a few hundred rows the merge (fences, a count, the partials read back from
-// L2) costs more than the split saves.
+// head to finish merges the partials into out, and resets its counter. With one active split the blocks
+// of a kv head take its query heads apart, ONE_SPLIT_HEADS each, over every row, and write out directly:
+// at a few hundred rows the merge (a count, the partials read back from L2) costs more than the split
+// saves, and a block's chain of dependent work is as long as the heads it takes.
 // The position is read before the PDL wait (the previous step wrote it) and rows that earlier steps
 // appended start loading; the row this step appends waits.
-// Defines: HEAD_DIM, GROUP (query heads per kv head), WARPS, MAX_SPLITS (the host's split limit).
+// Defines: HEAD_DIM, GROUP (query heads per kv head), WARPS, MAX_SPLITS (the host's split limit),
+// ONE_SPLIT_HEADS (a divisor of GROUP).
 // budget: attn_decode=248
-// defines: HEAD_DIM=128 GROUP=4 WARPS=4 MAX_SPLITS=128
-// defines: HEAD_DIM=128 GROUP=4 WARPS=8 MAX_SPLITS=128
-// defines: HEAD_DIM=128 GROUP=8 WARPS=4 MAX_SPLITS=128
-// defines: HEAD_DIM=64 GROUP=7 WARPS=4 MAX_SPLITS=128
-// defines: HEAD_DIM=64 GROUP=7 WARPS=8 MAX_SPLITS=128
-// defines: HEAD_DIM=16 GROUP=3 WARPS=4 MAX_SPLITS=32
-// defines: HEAD_DIM=128 GROUP=4 WARPS=8 MAX_SPLITS=128 SCATTER=0
-// defines: HEAD_DIM=128 GROUP=2 WARPS=8 MAX_SPLITS=128
-// defines: HEAD_DIM=64 GROUP=4 WARPS=8 MAX_SPLITS=128
+// defines: HEAD_DIM=128 GROUP=4 WARPS=4 MAX_SPLITS=128 ONE_SPLIT_HEADS=1
+// defines: HEAD_DIM=128 GROUP=4 WARPS=8 MAX_SPLITS=128 ONE_SPLIT_HEADS=1
+// defines: HEAD_DIM=128 GROUP=8 WARPS=4 MAX_SPLITS=128 ONE_SPLIT_HEADS=1
+// defines: HEAD_DIM=64 GROUP=7 WARPS=4 MAX_SPLITS=128 ONE_SPLIT_HEADS=1
+// defines: HEAD_DIM=64 GROUP=7 WARPS=8 MAX_SPLITS=128 ONE_SPLIT_HEADS=1
+// defines: HEAD_DIM=16 GROUP=3 WARPS=4 MAX_SPLITS=32 ONE_SPLIT_HEADS=1
+// defines: HEAD_DIM=128 GROUP=4 WARPS=8 MAX_SPLITS=128 ONE_SPLIT_HEADS=1 SCATTER=0
+// defines: HEAD_DIM=128 GROUP=2 WARPS=8 MAX_SPLITS=128 ONE_SPLIT_HEADS=1
+// defines: HEAD_DIM=64 GROUP=4 WARPS=8 MAX_SPLITS=128 ONE_SPLIT_HEADS=1
+// defines: HEAD_DIM=128 GROUP=4 WARPS=8 MAX_SPLITS=128 ONE_SPLIT_HEADS=4
+// defines: HEAD_DIM=64 GROUP=7 WARPS=8 MAX_SPLITS=128 ONE_SPLIT_HEADS=7
+// defines: HEAD_DIM=64 GROUP=4 WARPS=8 MAX_SPLITS=128 ONE_SPLIT_HEADS=2
 #include "common.cuh"
 
-#if !defined(HEAD_DIM) || !defined(GROUP) || !defined(WARPS) || !defined(MAX_SPLITS)
-#error "attention.cu needs HEAD_DIM, GROUP, WARPS and MAX_SPLITS"
+#if !defined(HEAD_DIM) || !defined(GROUP) || !defined(WARPS) || !defined(MAX_SPLITS) || !defined(ONE_SPLIT_HEADS)
+#error "attention.cu needs HEAD_DIM, GROUP, WARPS, MAX_SPLITS and ONE_SPLIT_HEADS"
 #endif
 // rows each slot of a warp loads per step
 #ifndef ROWS_PER_SLOT
@@ -42,23 +47,33 @@
 #define LANES_PER_ROW (HEAD_DIM / 8)
 #define ROW_SLOTS (32 / LANES_PER_ROW)  // rows a warp loads at once
 #define WARP_ROWS (ROW_SLOTS * ROWS_PER_SLOT)  // rows a warp covers per step
-#define LANE_DOTS (ROWS_PER_SLOT * GROUP)  // dot products per lane per step
-// SCATTER: sum a step's LANE_DOTS dot products over a row's LANES_PER_ROW lanes with a reduce-scatter
-// (each level halves the values a lane holds) and broadcast the totals, instead of LANE_DOTS full
-// butterflies
+// dot products per lane per step, for a pass over G query heads at once
+constexpr int lane_dots(int g) { return ROWS_PER_SLOT * g; }
+// sum a step's lane_dots(G) dot products over a row's LANES_PER_ROW lanes with a reduce-scatter (each level
+// halves the values a lane holds) and broadcast the totals, instead of lane_dots(G) full butterflies, where
+// the count allows it; SCATTER=0 never does
 #ifndef SCATTER
-#define SCATTER ((LANE_DOTS & (LANE_DOTS - 1)) == 0 && LANE_DOTS <= LANES_PER_ROW && LANE_DOTS <= 8)
+#define SCATTER 1
 #endif
+constexpr bool use_scatter(int g) {
+    return SCATTER && (lane_dots(g) & (lane_dots(g) - 1)) == 0 && lane_dots(g) <= LANES_PER_ROW && lane_dots(g) <= 8;
+}
+// query heads per block up to one_split_rows cached rows (the host's AttnTuning.one_split_heads): the
+// GROUP / ONE_SPLIT_HEADS blocks of a kv head take its query heads apart, with no merge, so that each
+// block's dependent chain (dot products, softmax, the warps' merge) is ONE_SPLIT_HEADS heads long
+static_assert(GROUP % ONE_SPLIT_HEADS == 0, "one split's blocks take equal shares of a group's query heads");
 
 static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256 && (LANES_PER_ROW & (LANES_PER_ROW - 1)) == 0,
               "head_dim must be 8 * 2^k, at most 256");
 static_assert(MAX_SPLITS % 32 == 0, "the merge gives each lane MAX_SPLITS / 32 splits");
 
+template <int G>
 struct Part {
-    float m[GROUP], l[GROUP], o[GROUP][8];
+    float m[G], l[G], o[G][8];
 };
 
-__device__ __forceinline__ void merge(Part& a, int g, float m2, float l2, const float (&o2)[8]) {
+template <int G>
+__device__ __forceinline__ void merge(Part<G>& a, int g, float m2, float l2, const float (&o2)[8]) {
     const float mn = fmaxf(a.m[g], m2);
     if (mn == NEG_INF) return;
     const float c1 = exp2f(a.m[g] - mn), c2 = exp2f(m2 - mn);
@@ -89,12 +104,12 @@ __device__ __forceinline__ float dot8f(const float (&a)[8], const float (&b)[8])
     return u + v;
 }
 
-#if SCATTER
 // v[i] summed over the LANES_PER_ROW lanes of this lane's row group: returns the total of value
-// sub / (LANES_PER_ROW / LANE_DOTS), which lanes sub = idx * (LANES_PER_ROW / LANE_DOTS) ... hold
-__device__ __forceinline__ float scatter_sum(float (&v)[LANE_DOTS], int sub) {
+// sub / (LANES_PER_ROW / LD), which lanes sub = idx * (LANES_PER_ROW / LD) ... hold
+template <int LD>
+__device__ __forceinline__ float scatter_sum(float (&v)[LD], int sub) {
 #pragma unroll
-    for (int c = LANE_DOTS, o = LANES_PER_ROW / 2; c > 1; c >>= 1, o >>= 1) {
+    for (int c = LD, o = LANES_PER_ROW / 2; c > 1; c >>= 1, o >>= 1) {
         const bool up = (sub & o) != 0;
 #pragma unroll
         for (int i = 0; i < c / 2; ++i) {
@@ -105,19 +120,21 @@ __device__ __forceinline__ float scatter_sum(float (&v)[LANE_DOTS], int sub) {
     }
     float t = v[0];
 #pragma unroll
-    for (int o = LANES_PER_ROW / (2 * LANE_DOTS); o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    for (int o = LANES_PER_ROW / (2 * LD); o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
     return t;
 }
-#endif
 
-// rows [lo, hi) of kv head kvh: each warp's partial, left in sm for merged(). Row `fresh` (the one
+// rows [lo, hi) of kv head kvh for its G query heads from head0 on (of the GROUP): each warp's partial, left
+// in sm for merged() as heads 0..G-1. Row `fresh` (the one
 // the previous kernel appends) is read after the PDL wait; each warp's first other rows are loaded
 // before it, since earlier steps wrote them. The running max is a reference that moves only when a
 // score exceeds it by more than RESCALE_MARGIN (so o and l are rarely rescaled, and every exp2 stays
 // below 2^RESCALE_MARGIN); the true max, tracked beside it, becomes the reference at the end.
+template <int G>
 __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* __restrict__ k_cache,
-                                       const bf16* __restrict__ v_cache, int kvh, int lo, int hi, int fresh,
-                                       int max_ctx, float scale2, Merged& sm) {
+                                       const bf16* __restrict__ v_cache, int kvh, int head0, int lo, int hi,
+                                       int fresh, int max_ctx, float scale2, Merged& sm) {
+    constexpr int LD = lane_dots(G);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int slot = lane / LANES_PER_ROW, sub = lane % LANES_PER_ROW;
     const uint4* kb = reinterpret_cast<const uint4*>(k_cache + (size_t)kvh * max_ctx * HEAD_DIM) + sub;
@@ -142,19 +159,20 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
         }
     }
     // q pre-scaled, so dot products come out in the base-2 domain
-    float qf[GROUP][8];
+    float qf[G][8];
 #pragma unroll
-    for (int g = 0; g < GROUP; ++g) {
-        const float4* qp = reinterpret_cast<const float4*>(q + (size_t)(kvh * GROUP + g) * HEAD_DIM + sub * 8);
+    for (int g = 0; g < G; ++g) {
+        const float4* qp =
+            reinterpret_cast<const float4*>(q + (size_t)(kvh * GROUP + head0 + g) * HEAD_DIM + sub * 8);
         const float4 a = qp[0], b = qp[1];
         qf[g][0] = a.x * scale2; qf[g][1] = a.y * scale2; qf[g][2] = a.z * scale2; qf[g][3] = a.w * scale2;
         qf[g][4] = b.x * scale2; qf[g][5] = b.y * scale2; qf[g][6] = b.z * scale2; qf[g][7] = b.w * scale2;
     }
     // a finite floor as the first reference: masked rows (-inf) then give exp2 = 0, never NaN
-    Part p;
-    float top[GROUP];
+    Part<G> p;
+    float top[G];
 #pragma unroll
-    for (int g = 0; g < GROUP; ++g) {
+    for (int g = 0; g < G; ++g) {
         p.m[g] = -FLT_BIG;
         top[g] = NEG_INF;
         p.l[g] = 0.f;
@@ -172,45 +190,45 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
             nk[r] = row < hi ? __ldg(kb + (size_t)row * LANES_PER_ROW) : make_uint4(0, 0, 0, 0);
             nv[r] = row < hi ? __ldg(vb + (size_t)row * LANES_PER_ROW) : make_uint4(0, 0, 0, 0);
         }
-        float s[ROWS_PER_SLOT][GROUP];
-#if SCATTER
-        float dv[LANE_DOTS];
+        float s[ROWS_PER_SLOT][G];
+        if constexpr (use_scatter(G)) {
+            float dv[LD];
 #pragma unroll
-        for (int r = 0; r < ROWS_PER_SLOT; ++r) {
-            float kf[8];
-            unpack8(kk[r], kf);
+            for (int r = 0; r < ROWS_PER_SLOT; ++r) {
+                float kf[8];
+                unpack8(kk[r], kf);
 #pragma unroll
-            for (int g = 0; g < GROUP; ++g) dv[r * GROUP + g] = dot8f(qf[g], kf);
-        }
-        const float tot = scatter_sum(dv, sub);
+                for (int g = 0; g < G; ++g) dv[r * G + g] = dot8f(qf[g], kf);
+            }
+            const float tot = scatter_sum(dv, sub);
 #pragma unroll
-        for (int r = 0; r < ROWS_PER_SLOT; ++r) {
-            const bool ok = base + r * ROW_SLOTS + slot < hi;
+            for (int r = 0; r < ROWS_PER_SLOT; ++r) {
+                const bool ok = base + r * ROW_SLOTS + slot < hi;
 #pragma unroll
-            for (int g = 0; g < GROUP; ++g) {
-                const float d =
-                    __shfl_sync(0xffffffffu, tot, (r * GROUP + g) * (LANES_PER_ROW / LANE_DOTS), LANES_PER_ROW);
-                s[r][g] = ok ? d : NEG_INF;
+                for (int g = 0; g < G; ++g) {
+                    const float d =
+                        __shfl_sync(0xffffffffu, tot, (r * G + g) * (LANES_PER_ROW / LD), LANES_PER_ROW);
+                    s[r][g] = ok ? d : NEG_INF;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < ROWS_PER_SLOT; ++r) {
+                float kf[8];
+                unpack8(kk[r], kf);
+                const bool ok = base + r * ROW_SLOTS + slot < hi;
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    const float d = group_sum<LANES_PER_ROW>(dot8f(qf[g], kf));
+                    s[r][g] = ok ? d : NEG_INF;
+                }
             }
         }
-#else
-#pragma unroll
-        for (int r = 0; r < ROWS_PER_SLOT; ++r) {
-            float kf[8];
-            unpack8(kk[r], kf);
-            const bool ok = base + r * ROW_SLOTS + slot < hi;
-#pragma unroll
-            for (int g = 0; g < GROUP; ++g) {
-                const float d = group_sum<LANES_PER_ROW>(dot8f(qf[g], kf));
-                s[r][g] = ok ? d : NEG_INF;
-            }
-        }
-#endif
         float vf[ROWS_PER_SLOT][8];
 #pragma unroll
         for (int r = 0; r < ROWS_PER_SLOT; ++r) unpack8(vv[r], vf[r]);
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
+        for (int g = 0; g < G; ++g) {
             float mx = s[0][g];
 #pragma unroll
             for (int r = 1; r < ROWS_PER_SLOT; ++r) mx = fmaxf(mx, s[r][g]);
@@ -239,7 +257,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
     }
     // the true max becomes the reference (-inf, with l = 0 and o = 0, for a warp with no rows)
 #pragma unroll
-    for (int g = 0; g < GROUP; ++g) {
+    for (int g = 0; g < G; ++g) {
         const float corr = top[g] == NEG_INF ? 1.0f : exp2f(p.m[g] - top[g]);
         p.l[g] *= corr;
 #pragma unroll
@@ -251,7 +269,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
 #pragma unroll
     for (int off = LANES_PER_ROW; off < 32; off <<= 1) {
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
+        for (int g = 0; g < G; ++g) {
             const float m2 = __shfl_xor_sync(0xffffffffu, p.m[g], off);
             const float l2 = __shfl_xor_sync(0xffffffffu, p.l[g], off);
             float o2[8];
@@ -264,7 +282,7 @@ __device__ __forceinline__ void attend(const float* __restrict__ q, const bf16* 
     // then the warps, in order
     if (lane < LANES_PER_ROW) {
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
+        for (int g = 0; g < G; ++g) {
 #pragma unroll
             for (int e = 0; e < 8; ++e) sm.o[warp][g][sub * 8 + e] = p.o[g][e];
             if (lane == 0) {
@@ -405,21 +423,27 @@ attn_decode(const float* __restrict__ q, const bf16* __restrict__ k_cache, const
     const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
     const int n_cached = min(max(st->pos, 0) + 1, max_ctx);
     const int active = n_cached <= one_split_rows ? 1 : min(splits, (n_cached + min_chunk - 1) / min_chunk);
-    if (split >= active) return;
-    const int chunk = (n_cached + active - 1) / active;
-    const int lo = min(split * chunk, n_cached), hi = min(lo + chunk, n_cached);
     __shared__ Merged sm;
-    __shared__ bool last;
-    attend(q, k_cache, v_cache, kvh, lo, hi, n_cached - 1, max_ctx, scale2, sm);
     if (active == 1) {
-        for (int t = threadIdx.x; t < GROUP * HEAD_DIM; t += WARPS * 32) {
-            const int g = t / HEAD_DIM, e = t % HEAD_DIM;
-            float m, l;
-            const float o = merged(sm, g, e, m, l);
-            out[((size_t)kvh * GROUP + g) * HEAD_DIM + e] = o * __frcp_rn(l);
+        // ONE_SPLIT_HEADS query heads per block over every row, written out directly
+        constexpr int H = ONE_SPLIT_HEADS;
+        for (int h0 = split * H; h0 < GROUP; h0 += splits * H) {
+            attend<H>(q, k_cache, v_cache, kvh, h0, 0, n_cached, n_cached - 1, max_ctx, scale2, sm);
+            for (int t = threadIdx.x; t < H * HEAD_DIM; t += WARPS * 32) {
+                const int g = t / HEAD_DIM, e = t % HEAD_DIM;
+                float m, l;
+                const float o = merged(sm, g, e, m, l);
+                out[((size_t)kvh * GROUP + h0 + g) * HEAD_DIM + e] = o * __frcp_rn(l);
+            }
+            __syncthreads();  // sm is the next head's
         }
         return;
     }
+    if (split >= active) return;
+    const int chunk = (n_cached + active - 1) / active;
+    const int lo = min(split * chunk, n_cached), hi = min(lo + chunk, n_cached);
+    __shared__ bool last;
+    attend<GROUP>(q, k_cache, v_cache, kvh, 0, lo, hi, n_cached - 1, max_ctx, scale2, sm);
     store_partials(sm, kvh, split, splits, pm, pl, pacc);
     // the block's writes, then its count: the add releases what the barrier ordered before it, and the
     // last block's add acquires what every other block released

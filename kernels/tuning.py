@@ -43,9 +43,20 @@ class AttnTuning:
     # up to this many cached rows, one split takes them all: merging splits costs more than they save there
     # (docs/PERFORMANCE.md, "One split at short contexts")
     one_split_rows: int = 256
+    # ... where the blocks of a kv head take its query heads apart, this many each (a divisor of the group;
+    # 0: the whole group, one block per kv head)
+    one_split_heads: int = 1
 
     def __post_init__(self):
         assert self.warps in (1, 2, 4, 8, 16) and self.min_chunk >= 1 and self.one_split_rows >= 0, self
+        assert self.one_split_heads >= 0, self
+
+    def heads_per_block(self, group: int) -> int:
+        """Query heads that each block of one split takes, for a group of `group` query heads per kv head."""
+        h = self.one_split_heads or group
+        if group % h:
+            raise ValueError(f"one_split_heads {h} does not divide the {group} query heads of a kv head")
+        return h
 
 
 @dataclass(frozen=True)

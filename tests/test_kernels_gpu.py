@@ -335,6 +335,29 @@ def test_attention_one_split_up_to_its_rows(cp, rng, nh, nkv, hd):
         assert rel(out, ref) < FP32_TOL, f"n_cached={n_cached} active={active}"
 
 
+def _one_split_heads(group):
+    """one_split_heads values for a group: 1, every other divisor, and 0 (the whole group)."""
+    return [h for h in range(1, group) if group % h == 0] + [0]
+
+
+@pytest.mark.parametrize("warps", [4, 8])
+@pytest.mark.parametrize("splits", [1, 2, 16])
+@pytest.mark.parametrize("nh,nkv,hd,heads", [(nh, nkv, hd, h) for nh, nkv, hd in ATTN_HEADS
+                                             for h in _one_split_heads(nh // nkv)])
+def test_attention_one_split_takes_query_heads_apart(cp, rng, nh, nkv, hd, heads, splits, warps):
+    """One split over every row, its blocks taking `heads` query heads each (a block takes several shares
+    in turn where the grid has fewer blocks than shares): every head's output matches, no partial is written."""
+    t = AttnTuning(warps=warps, one_split_rows=320, one_split_heads=heads)
+    case = AttnCase(cp, rng, nh, nkv, hd, splits, ctx=320)
+    for n_cached in (1, 2, 17, 64, 129, 256, 320):
+        q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
+        out = case.run(q, n_cached, t)
+        assert active_splits(n_cached, splits, t) == 1
+        assert np.isnan(case.pl.get()).all() and np.isnan(case.pacc.get()).all(), "no partial is written"
+        ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, n_cached, 1))
+        assert rel(out, ref) < FP32_TOL, f"n_cached={n_cached}"
+
+
 @pytest.mark.parametrize("ramp", [False, True])
 @pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("nh,nkv,hd", [(32, 8, 128), (14, 2, 64)])

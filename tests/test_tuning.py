@@ -22,6 +22,8 @@ def test_tuning_is_frozen_and_checked():
     with pytest.raises(AssertionError):
         AttnTuning(one_split_rows=-1)
     with pytest.raises(AssertionError):
+        AttnTuning(one_split_heads=-1)
+    with pytest.raises(AssertionError):
         PrefillTuning(attn_warps=16)  # prefill_attn's launch bounds want 8 / warps blocks per SM
 
 
@@ -39,6 +41,23 @@ def test_one_split_up_to_its_rows(n_cached, want):
     t = AttnTuning()
     assert (t.min_chunk, t.one_split_rows) == (64, 256)
     assert active_splits(n_cached, 32, t) == want
+
+
+def test_one_split_heads_per_block():
+    """One query head per block by default; 0 is the whole group; a share must divide the group."""
+    assert [AttnTuning().heads_per_block(g) for g in (1, 3, 4, 7)] == [1, 1, 1, 1]
+    assert AttnTuning(one_split_heads=0).heads_per_block(7) == 7
+    assert AttnTuning(one_split_heads=2).heads_per_block(4) == 2
+    with pytest.raises(ValueError, match="does not divide"):
+        AttnTuning(one_split_heads=3).heads_per_block(4)
+
+
+def test_attention_builder_refuses_a_head_share_that_does_not_divide_the_group():
+    from kernels.attention import attn_decode
+
+    with pytest.raises(ValueError, match="does not divide"):
+        attn_decode(0, 0, 0, 0, 0, 0, 0, 0, 0, nh=8, kv_heads=2, hd=16, splits=4, max_ctx=8,
+                    tuning=AttnTuning(one_split_heads=3))
 
 
 def test_softmax_scale2_is_base_2():
