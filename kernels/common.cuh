@@ -47,9 +47,6 @@ __device__ __forceinline__ void pdl_enter() {
 __device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-// the line of p into this SM's L1, with no register to wait on: a later load of it hits there
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
 // as ld_stream, but a coherent load: ptxas hoists the PDL wait above non-coherent (.nc) loads only,
 // so weights read this way before pdl_enter really stream ahead of it
 __device__ __forceinline__ uint4 ld_early(const uint4* p) {

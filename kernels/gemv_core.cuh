@@ -240,9 +240,6 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
     const float x_rs = X_SMEM ? stage_x(xl.x4, xl.g4, eps, xs) : 1.0f;
 #endif
     epi.begin();
-    // what each unit's epilogue reads comes into L1 while the unit streams: the first unit's now, each next
-    // one's as the one before it ends
-    if (part == 0 && lane == 0 && base + grp < n) epi.prefetch(base + grp);
 #pragma unroll 1
     for (int j = 0; base < n; base += stride, ++j) {
         const int u = base + grp;
@@ -308,7 +305,6 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
             for (int r = 0; r < ROWS; ++r) acc[r] *= rs;
         }
         epi(u, acc);
-        if (u + stride < n) epi.prefetch(u + stride);
     }
     epi.end();
     if (LATE_WAIT) pdl_wait();  // this grid ends after the previous one: the next kernel may read both

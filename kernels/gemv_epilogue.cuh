@@ -45,8 +45,6 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
 // EPI_STORE, EPI_ADD, EPI_GATE: a unit is ROWS consecutive rows. EPI_SILU: ROWS / 2 consecutive gate
 // rows and the up rows n_out below them. Rows past n_out stream the last row and store nothing.
-// prefetch(unit), before a unit streams: the residual that its epilogue will read is brought into L1 while
-// its dot products run, so that the epilogue's load hits there rather than waits on L2.
 struct RowEpilogue {
     const float* bias;
     float* y;
@@ -66,10 +64,6 @@ struct RowEpilogue {
             rp[j] = w + (size_t)row * row_bytes;
             if (EPILOGUE == EPI_SILU) rp[j + PER_UNIT] = w + (size_t)(n_out + row) * row_bytes;
         }
-    }
-    __device__ __forceinline__ void prefetch(int unit) const {
-        const int row = min(unit * PER_UNIT, n_out - 1);
-        if (EPILOGUE == EPI_ADD || EPILOGUE == EPI_GATE) prefetch_l1(y + row);
     }
     __device__ __forceinline__ void begin() {}
     __device__ __forceinline__ void end() {
@@ -116,17 +110,6 @@ struct RopeEpilogue {
             const size_t row = (size_t)(p / HALF_DIM) * HEAD_DIM + p % HALF_DIM;
             rp[j] = w + row * row_bytes;
             rp[j + PER_UNIT] = w + (row + HALF_DIM) * row_bytes;
-        }
-    }
-    // the unit's cos and sin at the position and its bias into L1 (as RowEpilogue's)
-    __device__ __forceinline__ void prefetch(int unit) const {
-        const int p = unit * PER_UNIT;
-        const int head = head0 + p / HALF_DIM, i = p % HALF_DIM;
-        prefetch_l1(cos_t + (size_t)pos * HALF_DIM + i);
-        prefetch_l1(sin_t + (size_t)pos * HALF_DIM + i);
-        if (BIAS) {
-            prefetch_l1(bias + head * HEAD_DIM + i);
-            prefetch_l1(bias + head * HEAD_DIM + i + HALF_DIM);
         }
     }
     __device__ __forceinline__ void begin() { pos = min(max(ld_state_pos(st), 0), max_ctx - 1); }
