@@ -32,7 +32,7 @@ VARIANTS = {
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
     # the split rule: min_chunk rows per split with no one-split rule, or one split up to N rows
     **{f"attn chunk {c}": Tuning(attn=AttnTuning(min_chunk=c, one_split_rows=0)) for c in (64, 128, 256, 512, 1024)},
-    **{f"one split {n}": Tuning(attn=AttnTuning(one_split_rows=n)) for n in (0, 128, 256, 384, 512)},
+    **{f"one split {n}": Tuning(attn=AttnTuning(one_split_rows=n)) for n in (0, 128, 256, 384, 512, 768, 1024)},
     # one split's blocks: the whole group of query heads each (one block per kv head), or 2 heads each
     **{f"heads {h}": Tuning(attn=AttnTuning(one_split_heads=h)) for h in (0, 2)},
     "w4 mb4": Tuning(gemv=GemvTuning(warps=4, min_blocks=4)),
@@ -48,7 +48,7 @@ QUANT_VARIANTS = {
     "no part overlap": Tuning(gemv=GemvTuning(parts_overlap=False)),
     "w8 mb2": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2)),
     **{f"attn chunk {c}": Tuning(attn=AttnTuning(min_chunk=c, one_split_rows=0)) for c in (64, 256, 512)},
-    **{f"one split {n}": Tuning(attn=AttnTuning(one_split_rows=n)) for n in (0, 128, 256)},
+    **{f"one split {n}": Tuning(attn=AttnTuning(one_split_rows=n)) for n in (0, 128, 256, 512, 1024)},
     **{f"heads {h}": Tuning(attn=AttnTuning(one_split_heads=h)) for h in (0, 2)},
 }
 PLAN = {
