@@ -163,7 +163,7 @@ def bench_pp(backend, depth: int, repeats: int) -> Result:
 def kind_bytes(cfg: ModelConfig, n_cached: int, splits: int, attn: AttnTuning) -> dict[str, int]:
     """Bytes each launch kind of the step reads + writes (summed over layers), with n_cached cache rows."""
     h, q, kv, i, L = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.num_layers
-    active = active_splits(n_cached, splits, attn)
+    active = active_splits(n_cached, splits, attn, cfg.head_dim)
     # the partials of the active splits, written and read back by the merging block (none for one split)
     partials = 0 if active == 1 else 2 * cfg.num_heads * active * (cfg.head_dim + 2) * 4
     return {

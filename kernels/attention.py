@@ -37,7 +37,7 @@ def _occupancy(hd: int, group: int, warps: int, heads: int) -> int:
 def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: int, kv_heads: int, hd: int,
                 splits: int, max_ctx: int, tuning: AttnTuning = AttnTuning(), pdl: bool = False) -> Launch:
     """Split-KV attention over min(splits, ceil(n_cached / min_chunk)) splits, merged by the last block;
-    one split (no merge) up to tuning.one_split_rows cached rows, its blocks taking
+    one split (no merge) up to tuning.one_split_limit(hd) cached rows, its blocks taking
     tuning.heads_per_block(nh // kv_heads) query heads each.
 
     q: [nh * hd] f32; k_cache, v_cache: [kv_heads, max_ctx, hd] bf16; pm, pl: [nh, splits] and
@@ -51,5 +51,5 @@ def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: 
     return mod.function("attn_decode", "PPPPPPPPPifii").prepare(
         (splits, kv_heads), tuning.warps * 32,
         [q, k_cache, v_cache, state, pm, pl, pacc, out, counters, max_ctx, softmax_scale2(hd), tuning.min_chunk,
-         tuning.one_split_rows],
+         tuning.one_split_limit(hd)],
         pdl=pdl, name="attn")

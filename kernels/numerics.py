@@ -20,9 +20,9 @@ def rope_tables(inv_freq: np.ndarray, positions: int) -> tuple[np.ndarray, np.nd
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def active_splits(n_cached: int, splits: int, attn: AttnTuning) -> int:
+def active_splits(n_cached: int, splits: int, attn: AttnTuning, head_dim: int) -> int:
     """Splits of decode attention that get rows, as attn_decode picks them under `attn`: one up to
-    attn.one_split_rows cached rows, else at most `splits`, each with at least attn.min_chunk rows."""
-    if n_cached <= attn.one_split_rows:
+    attn.one_split_limit(head_dim) cached rows, else at most `splits`, each with at least attn.min_chunk rows."""
+    if n_cached <= attn.one_split_limit(head_dim):
         return 1
     return max(1, min(splits, -(-n_cached // attn.min_chunk)))

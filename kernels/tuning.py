@@ -41,15 +41,23 @@ class AttnTuning:
     warps: int = 8  # warps per attn_decode block
     min_chunk: int = 64  # cache rows per active split at least
     # up to this many cached rows, one split takes them all: merging splits costs more than they save there
-    # (docs/PERFORMANCE.md, "One split at short contexts")
-    one_split_rows: int = 256
+    # (docs/PERFORMANCE.md, "One split at short contexts"); None: the rows whose K and V take one_split_kib
+    one_split_rows: int | None = None
+    one_split_kib: int = 128
     # ... where the blocks of a kv head take its query heads apart, this many each (a divisor of the group;
     # 0: the whole group, one block per kv head)
     one_split_heads: int = 1
 
     def __post_init__(self):
-        assert self.warps in (1, 2, 4, 8, 16) and self.min_chunk >= 1 and self.one_split_rows >= 0, self
+        assert self.warps in (1, 2, 4, 8, 16) and self.min_chunk >= 1, self
+        assert (self.one_split_rows is None or self.one_split_rows >= 0) and self.one_split_kib >= 0, self
         assert self.one_split_heads >= 0, self
+
+    def one_split_limit(self, head_dim: int) -> int:
+        """Cached rows up to which one split takes them all, for bf16 K and V rows of head_dim."""
+        if self.one_split_rows is not None:
+            return self.one_split_rows
+        return self.one_split_kib * 1024 // (2 * 2 * head_dim)
 
     def heads_per_block(self, group: int) -> int:
         """Query heads that each block of one split takes, for a group of `group` query heads per kv head."""

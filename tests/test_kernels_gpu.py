@@ -288,7 +288,7 @@ def test_attention_chunk_boundaries(cp, rng, nh, nkv, hd, splits):
     tuning = AttnTuning(min_chunk=1, one_split_rows=0)
     for n_cached in _attn_rows(splits):
         out = case.run(q, n_cached, tuning)
-        active = active_splits(n_cached, splits, tuning)
+        active = active_splits(n_cached, splits, tuning, hd)
         m_ref, l_ref, acc_ref = split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, n_cached, active)
         if active > 1:
             m = case.pm.get()[:, :active].T
@@ -313,23 +313,23 @@ def test_attention_decode_merges_active_splits(cp, rng, nh, nkv, hd, splits, min
         q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
         out = case.run(q, n_cached, tuning)
         rows = min(n_cached, case.ctx)
-        active = active_splits(rows, splits, tuning)
+        active = active_splits(rows, splits, tuning, hd)
         ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, rows, active))
         assert rel(out, ref) < FP32_TOL, f"n_cached={n_cached} active={active}"
 
 
 @pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (32, 8, 128)])
 def test_attention_one_split_up_to_its_rows(cp, rng, nh, nkv, hd):
-    """The default tuning: up to one_split_rows cached rows one block per kv head writes out directly and
-    leaves the partials alone (still NaN); past them the splits merge, and every output matches."""
+    """The default tuning: up to its one-split limit of cached rows the blocks write out directly and leave
+    the partials alone (still NaN); past it the splits merge, and every output matches."""
     t = AttnTuning()
-    splits = 16
-    case = AttnCase(cp, rng, nh, nkv, hd, splits, ctx=320)
-    for n_cached in (1, 63, 64, 65, t.one_split_rows - 1, t.one_split_rows, t.one_split_rows + 1, 300):
+    splits, limit = 16, t.one_split_limit(hd)
+    case = AttnCase(cp, rng, nh, nkv, hd, splits, ctx=limit + 64)
+    for n_cached in (1, 63, 64, 65, limit - 1, limit, limit + 1, limit + 44):
         q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
         out = case.run(q, n_cached, t)
-        active = active_splits(n_cached, splits, t)
-        assert (active == 1) == (n_cached <= t.one_split_rows)
+        active = active_splits(n_cached, splits, t, hd)
+        assert (active == 1) == (n_cached <= limit)
         assert np.isnan(case.pl.get()).all() == (active == 1), f"n_cached={n_cached}: partials written or not"
         ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, n_cached, active))
         assert rel(out, ref) < FP32_TOL, f"n_cached={n_cached} active={active}"
@@ -352,7 +352,7 @@ def test_attention_one_split_takes_query_heads_apart(cp, rng, nh, nkv, hd, heads
     for n_cached in (1, 2, 17, 64, 129, 256, 320):
         q = (rng.standard_normal(nh * hd) * 2).astype(np.float32)
         out = case.run(q, n_cached, t)
-        assert active_splits(n_cached, splits, t) == 1
+        assert active_splits(n_cached, splits, t, hd) == 1
         assert np.isnan(case.pl.get()).all() and np.isnan(case.pacc.get()).all(), "no partial is written"
         ref = combine_splits(*split_kv_partials(q.reshape(nh, hd), case.kf, case.vf, n_cached, 1))
         assert rel(out, ref) < FP32_TOL, f"n_cached={n_cached}"

@@ -32,15 +32,21 @@ def test_tuning_is_frozen_and_checked():
     (7, 8, 1, 7), (8, 8, 1, 8), (9, 8, 1, 8), (10, 128, 3, 4), (0, 8, 1, 1),
 ])
 def test_active_splits(n_cached, splits, min_chunk, want):
-    assert active_splits(n_cached, splits, AttnTuning(min_chunk=min_chunk, one_split_rows=0)) == want
+    assert active_splits(n_cached, splits, AttnTuning(min_chunk=min_chunk, one_split_rows=0), 128) == want
 
 
-@pytest.mark.parametrize("n_cached,want", [(1, 1), (129, 1), (256, 1), (257, 5), (320, 5), (321, 6), (10**6, 32)])
-def test_one_split_up_to_its_rows(n_cached, want):
-    """The default tuning: one split (no merge) up to 256 cached rows, then splits of at least 64 rows."""
+@pytest.mark.parametrize("head_dim,n_cached,want", [
+    (128, 1, 1), (128, 129, 1), (128, 256, 1), (128, 257, 5), (128, 320, 5), (128, 321, 6), (128, 10**6, 32),
+    (64, 256, 1), (64, 512, 1), (64, 513, 9), (64, 10**6, 32), (16, 2048, 1), (16, 2049, 32),
+])
+def test_one_split_up_to_its_rows(head_dim, n_cached, want):
+    """The default tuning: one split (no merge) up to the rows whose bf16 K and V take 128 KiB (256 rows of
+    head_dim 128, 512 of 64), then splits of at least 64 rows."""
     t = AttnTuning()
-    assert (t.min_chunk, t.one_split_rows) == (64, 256)
-    assert active_splits(n_cached, 32, t) == want
+    assert (t.min_chunk, t.one_split_rows, t.one_split_kib) == (64, None, 128)
+    assert t.one_split_limit(head_dim) == 128 * 1024 // (4 * head_dim)
+    assert active_splits(n_cached, 32, t, head_dim) == want
+    assert AttnTuning(one_split_rows=100).one_split_limit(head_dim) == 100, "rows given outright win"
 
 
 def test_one_split_heads_per_block():
