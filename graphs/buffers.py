@@ -253,8 +253,6 @@ class DecodeBuffers:
     def __init__(self, cfg: ModelConfig, max_context: int, attn_splits: int, ring_size: int = 64):
         import cupy as cp
 
-        from kernels.gemv_ops import xq_bytes
-
         if ring_size & (ring_size - 1):
             raise ValueError("ring_size must be a power of two")
         self.cfg, self.max_context, self.attn_splits = cfg, max_context, attn_splits
@@ -275,8 +273,6 @@ class DecodeBuffers:
         self.qkv = cp.zeros(cfg.q_size + 2 * cfg.kv_size, f32)
         self.attn = cp.zeros(cfg.q_size, f32)
         self.act = cp.zeros(cfg.intermediate_size, f32)
-        # the int8 x that gate_up hands to down (kernels/gemv_ops.py gemv's xq_out)
-        self.xq = cp.zeros(xq_bytes(cfg.intermediate_size), cp.uint8)
         self.logits = cp.zeros(cfg.vocab_size, f32)
         self.amax = cp.zeros(1, cp.uint64)  # packed argmax of the logits; the sampler resets it
         self.pm = cp.zeros((nh, attn_splits), f32)

@@ -14,7 +14,6 @@ from kernels import gemv_ops, ops
 from kernels.attention import ATTN_MAX_SPLITS, attn_blocks_per_sm, attn_decode
 from kernels.gemv_ops import EPI_ADD, EPI_SILU
 from kernels.launch import Launch
-from kernels.quant_layout import fmt_of
 from kernels.tuning import Tuning
 
 # what each launch of the step does; a launch is named "<kind>" or, inside layer i, "layer<i>.<kind>"
@@ -45,13 +44,6 @@ def default_splits(cfg: ModelConfig, tuning: Tuning = Tuning()) -> int:
     group = cfg.num_heads // cfg.num_kv_heads
     slots = attn_blocks_per_sm(cfg.head_dim, group, tuning.attn) * ops.sm_count()
     return max(1, min(ATTN_MAX_SPLITS, slots // cfg.num_kv_heads))
-
-
-def _handoff(w_down, xq, g) -> tuple | None:
-    """gemv's xq_out for gate_up: (buffer, granules per chunk of down's format) where down reads int8 x."""
-    if not (g.quant_handoff and g.quant_int8_x and gemv_ops.is_quant(w_down)):
-        return None
-    return xq, fmt_of(w_down.fmt).chunk // 16
 
 
 def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: Tuning = Tuning(),
@@ -100,12 +92,10 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: 
                             kv_heads=kv_heads, hd=hd, splits=splits, max_ctx=ctx, tuning=tuning.attn, pdl=pdl),
                 layer + "attn")
         add(linear(lw.wo, b.attn, b.x, h, cfg.q_size, bias=lw.bo, epi=EPI_ADD, tuning=g, pdl=pdl), layer + "o_proj")
-        gate_up = linear(lw.w_gate_up, b.x, b.act, cfg.intermediate_size, h, gamma=lw.mlp_norm, epi=EPI_SILU,
-                         eps=eps, tuning=g, pdl=pdl, xq_out=_handoff(lw.w_down, b.xq, g))
-        add(gate_up, layer + "gate_up")
-        handed = getattr(gate_up[-1], "xq_out", False)
-        add(linear(lw.w_down, b.xq if handed else b.act, b.x, h, cfg.intermediate_size, epi=EPI_ADD, tuning=g,
-                   pdl=pdl, xq_in=handed), layer + "down_proj")
+        add(linear(lw.w_gate_up, b.x, b.act, cfg.intermediate_size, h, gamma=lw.mlp_norm, epi=EPI_SILU, eps=eps,
+                   tuning=g, pdl=pdl), layer + "gate_up")
+        add(linear(lw.w_down, b.act, b.x, h, cfg.intermediate_size, epi=EPI_ADD, tuning=g, pdl=pdl),
+            layer + "down_proj")
     add(linear(w.lm_head, b.x, b.logits, cfg.vocab_size, h, gamma=w.final_norm, eps=eps, amax=b.amax, pair=True,
                tuning=g, pdl=pdl), "lm_head")
     out.add(ops.sample(b.logits, b.amax, b.state, b.prompt, b.ring_dev, b.lp_ring_dev, b.counts, b.window,

@@ -18,6 +18,9 @@
 // (PDL). LATE_WAIT: the previous kernel writes nothing this one reads or writes (it is another part of the
 // same projection, e.g. a Q4_K_M layer's Q6_K v rows after its Q4_K q and k rows), so this one streams at
 // once and waits for it only at its end, which still orders both before the next kernel.
+#include "gemv_epilogue.cuh"
+#include "gemv_formats.cuh"
+
 #ifndef WARPS
 #define WARPS 8
 #endif
@@ -27,10 +30,6 @@
 #ifndef SPLIT_K
 #define SPLIT_K 1
 #endif
-constexpr int GROUPS = WARPS / SPLIT_K;  // units a block streams at once
-
-#include "gemv_epilogue.cuh"
-#include "gemv_formats.cuh"
 #ifndef NORM
 #define NORM 0
 #endif
@@ -40,13 +39,8 @@ constexpr int GROUPS = WARPS / SPLIT_K;  // units a block streams at once
 #ifndef XQ
 #define XQ 0
 #endif
-#ifndef GAMMA_EARLY
-#define GAMMA_EARLY 0
-#endif
-#ifndef XQ_IN
-#define XQ_IN 0
-#endif
 
+constexpr int GROUPS = WARPS / SPLIT_K;  // units a block streams at once
 constexpr int CHUNKS = Fmt::CHUNKS;
 constexpr int ITERS = (CHUNKS + 32 * SPLIT_K - 1) / (32 * SPLIT_K);
 
@@ -123,27 +117,8 @@ __device__ __forceinline__ float stage_x(const float4* __restrict__ x4, const fl
 // q = rint(x / d) computed as x * (1 / d) (round half to even; all in fp32 round-to-nearest). Granule g
 // (values 16g..16g+15) sits in plane g % G at index g / G, G granules per chunk, so each lane reads its
 // chunk's granules at unit stride; meta[b] = (d, the int16 sums of q over the block's two halves).
-// GAMMA_EARLY (with NORM): gamma, a weight, is copied into shared memory behind them by cp.async before the
-// PDL wait, so that only x itself crosses from L2 between the wait and the first dot product.
 #if XQ
 constexpr int XG = Fmt::W / 16;  // granules per chunk
-constexpr int XQ_GAMMA_AT = (K + K / 4 + 15) / 16 * 16;  // byte offset of gamma's copy in shared memory
-static_assert(!GAMMA_EARLY || NORM, "gamma is copied early for a normed int8 x");
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-                 :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
-}
-
-// GAMMA_EARLY: the float4s of gamma that this thread's stage_xq reads, into gs at their own index
-__device__ __forceinline__ void copy_gamma(const float4* __restrict__ g4, float4* gs) {
-    constexpr int N8 = K / 8;
-    for (int f = threadIdx.x; f < N8; f += WARPS * 32) {
-        cp_async16(gs + 2 * f, g4 + 2 * f);
-        cp_async16(gs + 2 * f + 1, g4 + 2 * f + 1);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
 struct XQLoader {
     const uint4* q;
     const uint2* m;
@@ -157,8 +132,6 @@ __device__ __forceinline__ float stage_xq(const float4* __restrict__ x4, const f
                                           unsigned char* xs) {
     __shared__ float part[WARPS];
     constexpr int N8 = K / 8;  // 8 values per thread and step; 4 lanes per block of 32
-    const float4* gs = reinterpret_cast<const float4*>(xs + XQ_GAMMA_AT);
-    if (GAMMA_EARLY) asm volatile("cp.async.wait_group 0;" ::: "memory");  // this thread's own copies
     float ss = 0.f;
 #pragma unroll 4
     for (int f0 = 0; f0 < N8; f0 += WARPS * 32) {
@@ -170,8 +143,8 @@ __device__ __forceinline__ float stage_xq(const float4* __restrict__ x4, const f
             ss = fmaf(a.x, a.x, fmaf(a.y, a.y, fmaf(a.z, a.z, fmaf(a.w, a.w, ss))));
             ss = fmaf(b.x, b.x, fmaf(b.y, b.y, fmaf(b.z, b.z, fmaf(b.w, b.w, ss))));
             if (ok) {
-                a = mul4(a, GAMMA_EARLY ? gs[2 * f] : __ldg(g4 + 2 * f));
-                b = mul4(b, GAMMA_EARLY ? gs[2 * f + 1] : __ldg(g4 + 2 * f + 1));
+                a = mul4(a, __ldg(g4 + 2 * f));
+                b = mul4(b, __ldg(g4 + 2 * f + 1));
             }
         }
         float amax = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))),
@@ -203,21 +176,6 @@ __device__ __forceinline__ float stage_xq(const float4* __restrict__ x4, const f
         }
     }
     return rms_inv(ss, eps, part);
-}
-#endif
-
-#if XQ_IN
-// XQ_IN: x is already this kernel's int8 x, written by the GEMV before it (gemv_epilogue.cuh XQ_OUT) in the
-// layout of xs: K quants, then 8 bytes per block of 32; read from L2, where that kernel's writes are
-static_assert(XQ && !NORM, "a handed-off x is int8 and carries no norm");
-__device__ __forceinline__ float stage_xq_in(const uint4* __restrict__ src, uint4* xs) {
-    constexpr int N16 = (K + K / 4) / 16;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < N16; i += WARPS * 32) xs[i] = __ldcg(src + i);
-    if (threadIdx.x < (K + K / 4) % 16 / 8)
-        reinterpret_cast<uint2*>(xs)[2 * N16] = __ldcg(reinterpret_cast<const uint2*>(src) + 2 * N16);
-    __syncthreads();
-    return 1.0f;
 }
 #endif
 
@@ -271,18 +229,11 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
         // the first batch of weights streams in while the previous kernel finishes
         load_batch<true>(rp, u < n, 0, part, lane, a);
     }
-#if XQ
-    if (GAMMA_EARLY)
-        copy_gamma(reinterpret_cast<const float4*>(gamma),
-                   reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(xs) + XQ_GAMMA_AT));
-#endif
     if (LATE_WAIT)
         pdl_launch();
     else
         pdl_enter();
-#if XQ_IN
-    const float x_rs = stage_xq_in(reinterpret_cast<const uint4*>(x), reinterpret_cast<uint4*>(xs));
-#elif XQ
+#if XQ
     const float x_rs = stage_xq(reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma), eps,
                                 reinterpret_cast<unsigned char*>(xs));
 #else
@@ -292,7 +243,7 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
 #pragma unroll 1
     for (int j = 0; base < n; base += stride, ++j) {
         const int u = base + grp;
-        if (SPLIT_K == 1 && !Epi::PASS_SYNC && u >= n) break;
+        if (SPLIT_K == 1 && u >= n) break;
         float acc[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
@@ -347,15 +298,13 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
                 }
             }
         }
-        if (part == 0 && u < n && lane == 0) {
-            if (NORM) {
-                const float rs = X_SMEM || XQ ? x_rs : 1.0f / sqrtf(ss / (float)K + eps);
+        if (part != 0 || u >= n || lane != 0) continue;
+        if (NORM) {
+            const float rs = X_SMEM || XQ ? x_rs : 1.0f / sqrtf(ss / (float)K + eps);
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) acc[r] *= rs;
-            }
-            epi(u, acc);
+            for (int r = 0; r < ROWS; ++r) acc[r] *= rs;
         }
-        epi.pass_end(base);
+        epi(u, acc);
     }
     epi.end();
     if (LATE_WAIT) pdl_wait();  // this grid ends after the previous one: the next kernel may read both

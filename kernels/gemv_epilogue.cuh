@@ -26,14 +26,6 @@
 #ifndef LATE_WAIT
 #define LATE_WAIT 0  // gemv_core.cuh
 #endif
-// XQ_OUT = G > 0 (EPI_SILU): the outputs also go out as the int8 x of the GEMV that reads them next (XQ_IN),
-// quantized per 32 exactly as that GEMV's stage_xq would, its granules in the order of a format whose chunks
-// hold G of them. A block's pass of units covers whole blocks of 32 rows; after each pass, one warp per
-// block of 32 quantizes the rows the pass stashed in shared memory. The next GEMV then copies K + K / 4
-// bytes from L2 instead of reading and quantizing 4 K.
-#ifndef XQ_OUT
-#define XQ_OUT 0
-#endif
 
 // what the step writes (x, the position): without the PDL wait before it (LATE_WAIT), read past L1, whose
 // lines could predate the previous kernels' writes, from L2, where those writes are
@@ -60,19 +52,8 @@ struct RowEpilogue {
     unsigned long long best;  // ARGMAX: the best key of this warp's rows so far
     int n_out;
     size_t row_bytes;
-    unsigned char* xq;  // XQ_OUT: [n_out] int8 in the consumer's granule order, then (d, sums) per 32
-    int flip;           // XQ_OUT: the half of the stash this pass fills
 
     static constexpr int PER_UNIT = EPILOGUE == EPI_SILU ? ROWS / 2 : ROWS;
-    static constexpr int PASS_ROWS = PER_UNIT * GROUPS;  // rows of one pass of a block's units
-    static constexpr bool PASS_SYNC = XQ_OUT > 0;        // every warp of the block reaches pass_end
-    static_assert(!XQ_OUT || (EPILOGUE == EPI_SILU && PASS_ROWS % 32 == 0), "XQ_OUT: a pass holds whole blocks");
-
-    // two halves of PASS_ROWS: a warp fills the next pass's half while the quantizing warps read this one's
-    static __device__ __forceinline__ float* stash() {
-        __shared__ float s[XQ_OUT ? 2 * PASS_ROWS : 1];
-        return s;
-    }
 
     __device__ __forceinline__ int units() const { return (n_out + PER_UNIT - 1) / PER_UNIT; }
 
@@ -85,33 +66,6 @@ struct RowEpilogue {
         }
     }
     __device__ __forceinline__ void begin() {}
-    // every thread of the block, after each pass of units starting at unit `base`
-    __device__ __forceinline__ void pass_end(int base) {
-        if (!XQ_OUT) return;
-        __syncthreads();
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        const int row0 = base * PER_UNIT;
-        for (int b = warp; b < PASS_ROWS / 32 && row0 + 32 * b < n_out; b += WARPS)
-            quantize_out(stash()[flip * PASS_ROWS + 32 * b + lane], row0 + 32 * b + lane, lane);
-        flip ^= 1;
-    }
-    // stage_xq's arithmetic for one block of 32 held a value per lane (max and sums do not depend on order)
-    __device__ __forceinline__ void quantize_out(float v, int row, int lane) {
-        const float amax = warp_max(fabsf(v));
-        const float nan = warp_sum(v - v);  // 0 for a finite block, NaN otherwise
-        const float d = __fdiv_rn(amax, 127.0f) + nan;
-        const float id = d > 0.f ? __frcp_rn(d) : 0.f;
-        const int q = __float2int_rn(v * id);
-        int sq = q;
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);  // this lane's granule
-        const int other = __shfl_sync(0xffffffffu, sq, 16);
-        const int g = row >> 4, chunks = n_out / (16 * XQ_OUT);
-        xq[((g % XQ_OUT) * chunks + g / XQ_OUT) * 16 + (row & 15)] = (unsigned char)q;
-        if (lane == 0)
-            reinterpret_cast<uint2*>(xq + n_out)[row >> 5] =
-                make_uint2(__float_as_uint(d), ((unsigned)sq & 0xffffu) | ((unsigned)other << 16));
-    }
     __device__ __forceinline__ void end() {
         if (ARGMAX && best != 0ull && best > *(volatile unsigned long long*)amax) atomicMax(amax, best);
     }
@@ -126,9 +80,7 @@ struct RowEpilogue {
             if (EPILOGUE == EPI_GATE) y[row] = silu(v) * y[row];
             if (EPILOGUE == EPI_SILU) {
                 const float up = BIAS ? acc[j + PER_UNIT] + bias[n_out + row] : acc[j + PER_UNIT];
-                const float out = silu(v) * up;
-                y[row] = out;
-                if (XQ_OUT) stash()[flip * PASS_ROWS + row % PASS_ROWS] = out;
+                y[row] = silu(v) * up;
             }
             if (ARGMAX) best = max(best, argmax_key(v, row));
         }
@@ -148,7 +100,6 @@ struct RopeEpilogue {
     size_t row_bytes;
 
     static constexpr int PER_UNIT = ROWS / 2;
-    static constexpr bool PASS_SYNC = false;
 
     __device__ __forceinline__ int units() const { return n_pairs / PER_UNIT; }
 
@@ -162,7 +113,6 @@ struct RopeEpilogue {
         }
     }
     __device__ __forceinline__ void begin() { pos = min(max(ld_state_pos(st), 0), max_ctx - 1); }
-    __device__ __forceinline__ void pass_end(int) {}
     __device__ __forceinline__ void end() {}
     __device__ __forceinline__ void operator()(int unit, const float (&acc)[ROWS]) {
 #pragma unroll

@@ -13,16 +13,14 @@ typedef FORMAT Fmt;
 
 #if EPILOGUE != EPI_ROPE
 // w: [rows, K] of the format (2 n_out rows for EPI_SILU: gate, then up); x: [K]; gamma: [K] (NORM);
-// bias: [rows] (BIAS); y: [n_out]; amax (ARGMAX): the packed argmax word the sampler resets; xq (XQ_OUT):
-// y again as the next GEMV's int8 x (gemv_epilogue.cuh), n_out + n_out / 4 bytes. With XQ_IN, x is such
-// an int8 x.
+// bias: [rows] (BIAS); y: [n_out]; amax (ARGMAX): the packed argmax word the sampler resets.
 // MIN_BLOCKS caps registers so that ptxas keeps a batch of loads in flight
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 KERNEL_NAME(gemv)(const unsigned char* __restrict__ w, const float* __restrict__ x, const float* __restrict__ gamma,
                   const float* __restrict__ bias, float* __restrict__ y, int n_out, float eps,
-                  unsigned long long* __restrict__ amax, unsigned char* __restrict__ xq)
+                  unsigned long long* __restrict__ amax)
 {
-    RowEpilogue epi{bias, y, amax, 0ull, n_out, Fmt::ROW_BYTES, xq, 0};
+    RowEpilogue epi{bias, y, amax, 0ull, n_out, Fmt::ROW_BYTES};
     stream_rows(w, x, gamma, eps, epi);
 }
 #else

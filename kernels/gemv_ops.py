@@ -170,21 +170,14 @@ def xq_bytes(k: int) -> int:
     return k + k // 32 * 8
 
 
-def gamma_early(w, norm: bool, tuning: GemvTuning) -> bool:
-    """Whether an int8-x GEMV copies its RMSNorm weights into shared memory before the PDL wait
-    (gemv_core.cuh GAMMA_EARLY)."""
-    return is_quant(w) and norm and tuning.quant_int8_x and tuning.quant_gamma_early
-
-
-def x_smem_bytes(w, k: int, tuning: GemvTuning, norm: bool = False) -> int:
-    """Shared memory for a block's copy of x: int8 with tuning.quant_int8_x (and, with norm, gamma's
-    fp32 copy behind it, 16-byte aligned), else one padded row of float4s per chunk, or 0 when x is read
-    from global memory (bf16 rows, tuning.quant_x_smem off, or a row too long to fit)."""
+def x_smem_bytes(w, k: int, tuning: GemvTuning) -> int:
+    """Shared memory for a block's copy of x: int8 with tuning.quant_int8_x, else one padded row of
+    float4s per chunk, or 0 when x is read from global memory (bf16 rows, tuning.quant_x_smem off, or a
+    row too long to fit)."""
     if not is_quant(w):
         return 0
     if tuning.quant_int8_x:
-        early = gamma_early(w, norm, tuning)
-        return (xq_bytes(k) + 15) // 16 * 16 + 4 * k if early else xq_bytes(k)
+        return xq_bytes(k)
     if not tuning.quant_x_smem:
         return 0
     chunk = fmt_of(w.fmt).chunk
@@ -192,8 +185,7 @@ def x_smem_bytes(w, k: int, tuning: GemvTuning, norm: bool = False) -> int:
     return nbytes if nbytes * tuning.quant_min_blocks <= SMEM_PER_SM else 0
 
 
-def _launch_shape(w, units: int, k: int, tuning: GemvTuning, splitk: int | None, blocks: int | None,
-                  norm: bool):
+def _launch_shape(w, units: int, k: int, tuning: GemvTuning, splitk: int | None, blocks: int | None):
     _, _, chunk = _source(w)
     quant = is_quant(w)
     min_blocks = tuning.quant_min_blocks if quant else tuning.min_blocks
@@ -201,7 +193,7 @@ def _launch_shape(w, units: int, k: int, tuning: GemvTuning, splitk: int | None,
     if s > tuning.warps or tuning.warps % s:
         raise ValueError(f"split_k {s} does not divide {tuning.warps} warps")
     grid = grid_for(math.ceil(units / (tuning.warps // s)), min_blocks, tuning, blocks)
-    return s, min_blocks, grid, x_smem_bytes(w, k, tuning, norm)
+    return s, min_blocks, grid, x_smem_bytes(w, k, tuning)
 
 
 def _own_shape(w, k: int, tuning: GemvTuning) -> GemvTuning:
@@ -214,14 +206,11 @@ def _own_shape(w, k: int, tuning: GemvTuning) -> GemvTuning:
                    quant_min_blocks=tuning.quant_short_min_blocks if short else tuning.quant_min_blocks)
 
 
-def _quant_defines(w, tuning: GemvTuning, smem: int, norm: bool) -> dict:
-    """How a block format reads x: int8 (XQ, gamma copied before the PDL wait) or fp32 from shared
-    memory (X_SMEM)."""
+def _quant_defines(w, tuning: GemvTuning, smem: int) -> dict:
+    """How a block format reads x: int8 (XQ) or fp32 from shared memory (X_SMEM)."""
     if not is_quant(w):
         return {"X_SMEM": 0}
-    if not tuning.quant_int8_x:
-        return {"X_SMEM": int(smem > 0)}
-    return {"XQ": 1, **({"GAMMA_EARLY": 1} if gamma_early(w, norm, tuning) else {})}
+    return {"XQ": 1} if tuning.quant_int8_x else {"X_SMEM": int(smem > 0)}
 
 
 def _late(late_wait: bool) -> dict:
@@ -247,33 +236,18 @@ def _quant_module(source: str, rows: int, unroll: int, **defines):
     if rows > 2:
         tries.append((2, unroll))
     for i, (r, u) in enumerate(tries):
-        # fewer rows break the pass of whole blocks of 32 that XQ_OUT needs: the caller sees r and drops it
-        own = {k: v for k, v in defines.items() if r == rows or k != "XQ_OUT"}
         try:
-            return module(source, ROWS=r, **({"UNROLL": u} if u else {}), **own), r
+            return module(source, ROWS=r, **({"UNROLL": u} if u else {}), **defines), r
         except KernelCompileError as e:
             if i + 1 == len(tries) or "local memory" not in str(e):
                 raise
     raise AssertionError("unreachable")
 
 
-def _handoff_rows(w, n_out: int, k: int, epi: Epilogue, tuning: GemvTuning, rows: int, splitk, blocks,
-                  granules: int) -> int | None:
-    """Rows per warp (the default, else 4 or 8) with which each pass of a block's units covers whole blocks of
-    32 outputs, so that the GEMV can hand its outputs to the next one as int8 x (XQ_OUT); None where none does."""
-    if not (is_quant(w) and tuning.quant_int8_x and epi == EPI_SILU and n_out % (32 * granules) == 0):
-        return None
-    for r in dict.fromkeys((rows, 4, 8)):
-        s = _launch_shape(w, math.ceil(n_out / (r // 2)), k, tuning, splitk, blocks, False)[0]
-        if r // 2 * (tuning.warps // s) % 32 == 0:
-            return r
-    return None
-
-
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = EPI_STORE, eps: float = 0.0,
          amax=None, tuning: GemvTuning = GemvTuning(), splitk: int | None = None, rows: int | None = None,
          blocks: int | None = None, pair: bool = False, minb: int | None = None, pdl: bool = False,
-         late_wait: bool = False, xq_out=None, xq_in: bool = False) -> Launch:
+         late_wait: bool = False) -> Launch:
     """y[n_out] (=, += or silu-gated) W x with W [n_out, k] (2 n_out rows for EPI_SILU: gate, then up)
     in bf16 or a QuantWeight's format; gamma fuses the RMSNorm of x, bias is added in every epilogue.
 
@@ -281,9 +255,6 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
     rows: rows per warp (default rows_per_unit; pair asks bf16 for two). blocks caps the grid.
     minb overrides the tuning's register cap (blocks per SM). late_wait: the previous launch writes
     nothing this one touches; it waits for it only at its end (gemv_core.cuh LATE_WAIT).
-    xq_out = (buffer, granules): where the launch shape allows (block formats, EPI_SILU), y also goes to
-    buffer [xq_bytes(n_out)] as the int8 x of a block-format GEMV whose chunks hold `granules` granules of
-    16; the launch's `xq_out` says whether it does. xq_in: x is such a buffer (block formats, no gamma).
     """
     tuning = _own_shape(w, k, tuning)
     if minb is not None:
@@ -293,35 +264,23 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
         raise ValueError("the rope epilogue is gemv_rope")
     if amax is not None and epi != EPI_STORE:
         raise ValueError("the argmax folds stored rows (EPI_STORE)")
-    if xq_in and not (is_quant(w) and tuning.quant_int8_x and gamma is None):
-        raise ValueError("an int8 x is read by a block-format GEMV with int8 x and no norm")
     rows = rows or rows_per_unit(w, n_out, k, epi, tuning, pair)
-    granules = 0
-    if xq_out is not None:
-        handoff = _handoff_rows(w, n_out, k, epi, tuning, rows, splitk, blocks, xq_out[1])
-        if handoff:
-            rows, granules = handoff, xq_out[1]
     source, suffix, _ = _source(w)
     for _ in range(2):
         per_unit = rows // 2 if epi == EPI_SILU else rows
         units = math.ceil(n_out / per_unit)
-        s, min_blocks, grid, smem = _launch_shape(w, units, k, tuning, splitk, blocks, gamma is not None)
-        granules = granules if per_unit * (tuning.warps // s) % 32 == 0 else 0
+        s, min_blocks, grid, smem = _launch_shape(w, units, k, tuning, splitk, blocks)
         mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=epi.define,
                                  NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks,
                                  ARGMAX=int(amax is not None), WARPS=tuning.warps,
-                                 **_quant_defines(w, tuning, smem, gamma is not None), **_late(late_wait),
-                                 **({"XQ_OUT": granules} if granules else {}), **({"XQ_IN": 1} if xq_in else {}))
+                                 **_quant_defines(w, tuning, smem), **_late(late_wait))
         if got == rows:
             break
         rows = got  # fewer rows per warp: the grid and split follow
     data = w.data if is_quant(w) else w
-    launch = mod.function("gemv" + suffix, "PPPPPifPP").prepare(
-        grid, tuning.warps * 32, [data, x, gamma, bias, y, n_out, eps, amax, xq_out[0] if granules else None],
-        smem=smem, pdl=pdl)
-    launch.xq_out = bool(granules)
-    return launch
+    return mod.function("gemv" + suffix, "PPPPPifP").prepare(
+        grid, tuning.warps * 32, [data, x, gamma, bias, y, n_out, eps, amax], smem=smem, pdl=pdl)
 
 
 def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
@@ -342,13 +301,11 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
         rows = 2
     source, suffix, _ = _source(w)
     for _ in range(2):
-        s, min_blocks, grid, smem = _launch_shape(w, n_pairs // (rows // 2), k, tuning, splitk, blocks,
-                                                  gamma is not None)
+        s, min_blocks, grid, smem = _launch_shape(w, n_pairs // (rows // 2), k, tuning, splitk, blocks)
         mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=Epilogue.ROPE.define,
                                  NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks, HEAD_DIM=hd,
-                                 WARPS=tuning.warps, **_quant_defines(w, tuning, smem, gamma is not None),
-                                 **_late(late_wait))
+                                 WARPS=tuning.warps, **_quant_defines(w, tuning, smem), **_late(late_wait))
         if got == rows:
             break
         rows = got

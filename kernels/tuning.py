@@ -25,12 +25,6 @@ class GemvTuning:
     quant_short_min_blocks: int = 2
     quant_x_smem: bool = True  # fp32 x: blocks copy x (times gamma) to shared memory once, for unit-stride reads
     quant_int8_x: bool = True  # x quantized to int8 per 32 (ggml's q8_1), dot products by dp4a; else fp32 x
-    # ... and with a fused RMSNorm, gamma copied into shared memory before the PDL wait (a weight: nothing
-    # of the step writes it), so that only x crosses from L2 between the wait and the first dot product
-    quant_gamma_early: bool = True
-    # gate_up hands its outputs to down already quantized to int8 (gemv_epilogue.cuh XQ_OUT), where its launch
-    # shape allows: down then copies K + K / 4 bytes of x from L2 instead of reading and quantizing 4 K
-    quant_handoff: bool = True
     quant_unroll: int = 0  # chunk loads per row and batch; 0: 8 / rows with int8 x (fp32 x: what 32 registers hold)
     quant_units_per_sm: int = 12  # units (rows per warp each) in flight per SM that the split over K aims for
     # a projection stored as parts of several formats (a Q4_K_M layer's Q6_K v beside Q4_K q and k) runs one
