@@ -41,11 +41,16 @@ VARIANTS = {
     "balance 0": Tuning(gemv=GemvTuning(balance=0)),
     "balance 1": Tuning(gemv=GemvTuning(balance=1)),
     "balance 2": Tuning(gemv=GemvTuning(balance=2)),
+    "no early batch": Tuning(gemv=GemvTuning(early_batch=False)),
 }
 QUANT_VARIANTS = {
     "default": Tuning(),
     "few rows 2": Tuning(gemv=GemvTuning(quant_few_rows=2)),
     "no part overlap": Tuning(gemv=GemvTuning(parts_overlap=False)),
+    "early all": Tuning(gemv=GemvTuning(quant_early_bits=99.0)),
+    "no early batch": Tuning(gemv=GemvTuning(quant_early_bits=0.0)),
+    "rows 4": Tuning(gemv=GemvTuning(quant_rows=4)),
+    "units 6": Tuning(gemv=GemvTuning(quant_units_per_sm=6)),
     "w8 mb2": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2)),
     **{f"attn chunk {c}": Tuning(attn=AttnTuning(min_chunk=c, one_split_rows=0)) for c in (64, 256, 512)},
     **{f"one split {n}": Tuning(attn=AttnTuning(one_split_rows=n)) for n in (0, 128, 256, 512, 1024)},

@@ -39,6 +39,9 @@
 #ifndef XQ
 #define XQ 0
 #endif
+#ifndef EARLY_BATCH
+#define EARLY_BATCH 1  // the first batch of weights is loaded before the PDL wait
+#endif
 
 constexpr int GROUPS = WARPS / SPLIT_K;  // units a block streams at once
 constexpr int CHUNKS = Fmt::CHUNKS;
@@ -227,12 +230,16 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
         const int u = base + grp;
         epi.rows(u < n ? u : 0, w, rp);
         // the first batch of weights streams in while the previous kernel finishes
-        load_batch<true>(rp, u < n, 0, part, lane, a);
+        if (EARLY_BATCH) load_batch<true>(rp, u < n, 0, part, lane, a);
     }
     if (LATE_WAIT)
         pdl_launch();
     else
         pdl_enter();
+    if (!EARLY_BATCH) {
+        const int u = base + grp;
+        load_batch<false>(rp, u < n, 0, part, lane, a);
+    }
 #if XQ
     const float x_rs = stage_xq(reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma), eps,
                                 reinterpret_cast<unsigned char*>(xs));

@@ -207,10 +207,12 @@ def _own_shape(w, k: int, tuning: GemvTuning) -> GemvTuning:
 
 
 def _quant_defines(w, tuning: GemvTuning, smem: int) -> dict:
-    """How a block format reads x: int8 (XQ) or fp32 from shared memory (X_SMEM)."""
+    """How a block format reads x: int8 (XQ) or fp32 from shared memory (X_SMEM); and whether the first
+    batch of weights is loaded before the PDL wait (EARLY_BATCH, GemvTuning.early_batch / quant_early_bits)."""
     if not is_quant(w):
-        return {"X_SMEM": 0}
-    return {"XQ": 1} if tuning.quant_int8_x else {"X_SMEM": int(smem > 0)}
+        return {"X_SMEM": 0, **({} if tuning.early_batch else {"EARLY_BATCH": 0})}
+    early = {} if fmt_of(w.fmt).bits_per_weight() < tuning.quant_early_bits else {"EARLY_BATCH": 0}
+    return {"XQ": 1, **early} if tuning.quant_int8_x else {"X_SMEM": int(smem > 0), **early}
 
 
 def _late(late_wait: bool) -> dict:
