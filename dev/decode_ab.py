@@ -25,6 +25,7 @@ from engine.shapes import shape as named_shape
 from graphs.decode import DecodeStep, Launches, step_launches
 from graphs.graph import capture
 from kernels.bandwidth import copy_bandwidth
+from kernels.quant_layout import FORMATS
 from kernels.tuning import AttnTuning, GemvTuning, Tuning
 
 VARIANTS = {
@@ -41,14 +42,15 @@ VARIANTS = {
     "balance 0": Tuning(gemv=GemvTuning(balance=0)),
     "balance 1": Tuning(gemv=GemvTuning(balance=1)),
     "balance 2": Tuning(gemv=GemvTuning(balance=2)),
-    "no early batch": Tuning(gemv=GemvTuning(early_batch=False)),
+    "late k<=4096": Tuning(gemv=GemvTuning(late_kmax=4096)),
 }
 QUANT_VARIANTS = {
     "default": Tuning(),
     "few rows 2": Tuning(gemv=GemvTuning(quant_few_rows=2)),
     "no part overlap": Tuning(gemv=GemvTuning(parts_overlap=False)),
-    "early all": Tuning(gemv=GemvTuning(quant_early_bits=99.0)),
-    "no early batch": Tuning(gemv=GemvTuning(quant_early_bits=0.0)),
+    "early all": Tuning(gemv=GemvTuning(quant_late_formats=())),
+    "late all": Tuning(gemv=GemvTuning(quant_late_kmax=1 << 30)),
+    "late any format": Tuning(gemv=GemvTuning(quant_late_formats=tuple(FORMATS))),
     "rows 4": Tuning(gemv=GemvTuning(quant_rows=4)),
     "units 6": Tuning(gemv=GemvTuning(quant_units_per_sm=6)),
     "w8 mb2": Tuning(gemv=GemvTuning(quant_warps=8, quant_min_blocks=2)),

@@ -206,12 +206,15 @@ def _own_shape(w, k: int, tuning: GemvTuning) -> GemvTuning:
                    quant_min_blocks=tuning.quant_short_min_blocks if short else tuning.quant_min_blocks)
 
 
-def _quant_defines(w, tuning: GemvTuning, smem: int) -> dict:
+def _quant_defines(w, k: int, tuning: GemvTuning, smem: int) -> dict:
     """How a block format reads x: int8 (XQ) or fp32 from shared memory (X_SMEM); and whether the first
-    batch of weights is loaded before the PDL wait (EARLY_BATCH, GemvTuning.early_batch / quant_early_bits)."""
+    batch of weights is loaded before the PDL wait (EARLY_BATCH; GemvTuning.late_kmax for bf16, else
+    quant_late_formats and quant_late_kmax)."""
     if not is_quant(w):
-        return {"X_SMEM": 0, **({} if tuning.early_batch else {"EARLY_BATCH": 0})}
-    early = {} if fmt_of(w.fmt).bits_per_weight() < tuning.quant_early_bits else {"EARLY_BATCH": 0}
+        return {"X_SMEM": 0, **({"EARLY_BATCH": 0} if k <= tuning.late_kmax else {})}
+    late = fmt_of(w.fmt).name in tuning.quant_late_formats and tuning.quant_min_blocks == 1 and \
+        k <= tuning.quant_late_kmax
+    early = {"EARLY_BATCH": 0} if late else {}
     return {"XQ": 1, **early} if tuning.quant_int8_x else {"X_SMEM": int(smem > 0), **early}
 
 
@@ -276,7 +279,7 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
                                  NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks,
                                  ARGMAX=int(amax is not None), WARPS=tuning.warps,
-                                 **_quant_defines(w, tuning, smem), **_late(late_wait))
+                                 **_quant_defines(w, k, tuning, smem), **_late(late_wait))
         if got == rows:
             break
         rows = got  # fewer rows per warp: the grid and split follow
@@ -307,7 +310,7 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
         mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=Epilogue.ROPE.define,
                                  NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks, HEAD_DIM=hd,
-                                 WARPS=tuning.warps, **_quant_defines(w, tuning, smem), **_late(late_wait))
+                                 WARPS=tuning.warps, **_quant_defines(w, k, tuning, smem), **_late(late_wait))
         if got == rows:
             break
         rows = got

@@ -7,7 +7,7 @@ import pytest
 
 from engine.errors import GDecodeError, check_tokens
 from kernels.numerics import active_splits, softmax_scale2
-from kernels.tuning import AttnTuning, PrefillTuning, Tuning
+from kernels.tuning import AttnTuning, GemvTuning, PrefillTuning, Tuning
 
 
 def test_tuning_is_frozen_and_checked():
@@ -121,3 +121,22 @@ def test_prefill_gemm_rows_are_few_shapes_that_cover_every_chunk(chunk):
         assert t <= g <= chunk and g in buckets
         assert g - t < 64 and (t > 64 or g < 2 * t)
     assert buckets[-1] == chunk
+
+
+def test_the_first_batch_waits_only_where_that_measured_faster():
+    """EARLY_BATCH=0 exactly for Q8_0 and Q4_0 GEMVs of one block per SM and rows of at most 4,096 weights."""
+    from kernels.gemv_ops import QuantWeight, _own_shape, _quant_defines
+
+    def early(w, k, tuning=GemvTuning()):
+        return "EARLY_BATCH" not in _quant_defines(w, k, _own_shape(w, k, tuning), 0)
+
+    def q(fmt, k):
+        return QuantWeight(fmt, 64, k, None)
+
+    assert not early(q("q8_0", 4096), 4096) and not early(q("q4_0", 2048), 2048)
+    assert early(q("q8_0", 14336), 14336)  # down's long rows
+    assert early(q("q8_0", 896), 896)  # rows of at most 1,024 weights: two blocks per SM
+    assert early(q("q4_k", 4096), 4096) and early(q("q6_k", 4096), 4096) and early(q("q4_1", 4096), 4096)
+    assert early(q("q8_0", 4096), 4096, GemvTuning(quant_late_formats=()))
+    bf16 = np.zeros((64, 4096), np.uint16)
+    assert early(bf16, 4096) and not early(bf16, 4096, GemvTuning(late_kmax=4096))
