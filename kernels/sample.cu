@@ -466,6 +466,20 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __shared__ int warp_n[BLOCK_WARPS], pool_n[BLOCKS];
     __shared__ int n_shared, is_last, merging;
     __shared__ unsigned long long launch_no;
+    // the Gumbel noise before the wait: it depends only on the state, which no kernel of this step writes
+    // (the last step's sampler did), read past L1, where a line could predate that write
+    const int base = blockIdx.x * SLICE;
+    float gumbel[PER_THREAD];
+    {
+        const int pos0 = __ldcg(&st->pos), prompt0 = __ldcg(&st->prompt_len);
+        const bool noise = pos0 + 1 >= prompt0 && __ldcg(&st->temperature) > 0.f;
+        const unsigned long long seed = __ldcg(&st->seed), step = __ldcg(&st->step);
+#pragma unroll
+        for (int e = 0; e < PER_THREAD; ++e) {
+            const int i = base + e * BLOCK + threadIdx.x;
+            gumbel[e] = noise && i < vocab ? log_f32(-log_f32(rng_u(seed, step, (unsigned long long)i))) : 0.f;
+        }
+    }
     pdl_enter();
     const DecodeState S = *st;
     const unsigned long long raw_best = *amax;
@@ -477,7 +491,6 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     const bool by_count = S.top_k > 0, by_mass = S.top_p < 1.f;
     // min-p alone needs only the records: the merging block finishes right after the merge
     const bool direct = !in_prompt && !greedy && !by_count && !by_mass && !want_lp;
-    const int base = blockIdx.x * SLICE;
     unsigned long long* mine = work + W_BLOCKS + blockIdx.x * BLOCK_WORDS;
     const float raw_max = val_of((unsigned)(raw_best >> 32));
     int n_rec = 0;
@@ -552,8 +565,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 const int i = base + e * BLOCK + tid;
                 rk[e] = 0;
                 if (zk[e] && v[e] >= m_warp - CUT) {
-                    const float g = log_f32(-log_f32(rng_u(S.seed, S.step, (unsigned long long)i)));
-                    rk[e] = score_key(__fsub_rn(v[e], g), i);
+                    rk[e] = score_key(__fsub_rn(v[e], gumbel[e]), i);
                 }
             }
             MARK(1, blockIdx.x == 0)
