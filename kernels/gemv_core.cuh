@@ -226,20 +226,15 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
 #endif
     Chunk a[BATCH][ROWS];
     const unsigned char* rp[ROWS];
-    {
-        const int u = base + grp;
-        epi.rows(u < n ? u : 0, w, rp);
-        // the first batch of weights streams in while the previous kernel finishes
-        if (EARLY_BATCH) load_batch<true>(rp, u < n, 0, part, lane, a);
-    }
+    const bool first_live = base + grp < n;
+    epi.rows(first_live ? base + grp : 0, w, rp);
+    // the first batch of weights streams in while the previous kernel finishes (EARLY_BATCH), else after it
+    if (EARLY_BATCH) load_batch<true>(rp, first_live, 0, part, lane, a);
     if (LATE_WAIT)
         pdl_launch();
     else
         pdl_enter();
-    if (!EARLY_BATCH) {
-        const int u = base + grp;
-        load_batch<false>(rp, u < n, 0, part, lane, a);
-    }
+    if (!EARLY_BATCH) load_batch<false>(rp, first_live, 0, part, lane, a);
 #if XQ
     const float x_rs = stage_xq(reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma), eps,
                                 reinterpret_cast<unsigned char*>(xs));
