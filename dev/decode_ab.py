@@ -44,6 +44,7 @@ VARIANTS = {
     "balance 2": Tuning(gemv=GemvTuning(balance=2)),
     "late k<=4096": Tuning(gemv=GemvTuning(late_kmax=4096)),
     "w16 mb1 late": Tuning(gemv=GemvTuning(warps=16, min_blocks=1, late_kmax=4096)),
+    "o whole": Tuning(gemv=GemvTuning(o_whole=True)),
 }
 QUANT_VARIANTS = {
     "default": Tuning(),

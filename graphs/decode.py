@@ -91,7 +91,8 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: 
         out.add(attn_decode(b.qkv, k_cache, v_cache, b.state, b.pm, b.pl, b.pacc, b.attn, out.counters[i], nh=nh,
                             kv_heads=kv_heads, hd=hd, splits=splits, max_ctx=ctx, tuning=tuning.attn, pdl=pdl),
                 layer + "attn")
-        add(linear(lw.wo, b.attn, b.x, h, cfg.q_size, bias=lw.bo, epi=EPI_ADD, tuning=g, pdl=pdl), layer + "o_proj")
+        add(linear(lw.wo, b.attn, b.x, h, cfg.q_size, bias=lw.bo, epi=EPI_ADD, tuning=g, pdl=pdl, whole=g.o_whole),
+            layer + "o_proj")
         add(linear(lw.w_gate_up, b.x, b.act, cfg.intermediate_size, h, gamma=lw.mlp_norm, epi=EPI_SILU, eps=eps,
                    tuning=g, pdl=pdl), layer + "gate_up")
         add(linear(lw.w_down, b.act, b.x, h, cfg.intermediate_size, epi=EPI_ADD, tuning=g, pdl=pdl),

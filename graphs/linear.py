@@ -17,15 +17,17 @@ def _at(a, row: int):
 
 
 def linear(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi=EPI_STORE, eps: float = 0.0, amax=None,
-           tuning: GemvTuning = GemvTuning(), pair: bool = False, pdl: bool = False) -> list[Launch]:
-    """y (=, +=, silu-gated) W x as kernels.gemv_ops.gemv does it, for any device matrix.
+           tuning: GemvTuning = GemvTuning(), pair: bool = False, pdl: bool = False,
+           whole: bool = False) -> list[Launch]:
+    """y (=, +=, silu-gated) W x as kernels.gemv_ops.gemv does it, for any device matrix (whole: gemv's, for
+    a matrix of one format).
 
     A gate/up pair of two formats (EPI_SILU) runs as two GEMVs: up stored into y, then the gate's
     epilogue y = silu(gate) * y.
     """
     if not isinstance(w, StackedWeight):
         return [gemv(w, x, y, n_out, k, gamma=gamma, bias=bias, epi=epi, eps=eps, amax=amax, tuning=tuning,
-                     pair=pair, pdl=pdl)]
+                     pair=pair, pdl=pdl, whole=whole)]
     if amax is not None:
         raise ValueError("the argmax needs the rows in one matrix")
     common = dict(gamma=gamma, eps=eps, tuning=tuning, pdl=pdl)

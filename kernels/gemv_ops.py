@@ -249,17 +249,27 @@ def _quant_module(source: str, rows: int, unroll: int, **defines):
     raise AssertionError("unreachable")
 
 
+def whole_first_batch(w, units: int, k: int, rows: int, tuning: GemvTuning, sms: int | None = None) -> bool:
+    """Whether a bf16 GEMV without a split over K puts all its weights in the warps' first batch: a unit for
+    each resident warp at most, and a row's chunks per lane within the batch that ROWS rows allow."""
+    if is_quant(w):
+        return False
+    slots = tuning.warps * tuning.min_blocks * (sms or sm_count())
+    return units <= slots and math.ceil(k // 8 / 32) <= max(1, 32 // (rows * 4))
+
+
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = EPI_STORE, eps: float = 0.0,
          amax=None, tuning: GemvTuning = GemvTuning(), splitk: int | None = None, rows: int | None = None,
          blocks: int | None = None, pair: bool = False, minb: int | None = None, pdl: bool = False,
-         late_wait: bool = False) -> Launch:
+         late_wait: bool = False, whole: bool = False) -> Launch:
     """y[n_out] (=, += or silu-gated) W x with W [n_out, k] (2 n_out rows for EPI_SILU: gate, then up)
     in bf16 or a QuantWeight's format; gamma fuses the RMSNorm of x, bias is added in every epilogue.
 
     amax (a uint64 device word, EPI_STORE only) also receives the packed argmax of y.
     rows: rows per warp (default rows_per_unit; pair asks bf16 for two). blocks caps the grid.
     minb overrides the tuning's register cap (blocks per SM). late_wait: the previous launch writes
-    nothing this one touches; it waits for it only at its end (gemv_core.cuh LATE_WAIT).
+    nothing this one touches; it waits for it only at its end (gemv_core.cuh LATE_WAIT). whole: no split over
+    K where all the weights then load in the first batch, before the PDL wait (whole_first_batch).
     """
     tuning = _own_shape(w, k, tuning)
     if minb is not None:
@@ -274,6 +284,8 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
     for _ in range(2):
         per_unit = rows // 2 if epi == EPI_SILU else rows
         units = math.ceil(n_out / per_unit)
+        if whole and splitk is None and whole_first_batch(w, units, k, rows, tuning):
+            splitk = 1
         s, min_blocks, grid, smem = _launch_shape(w, units, k, tuning, splitk, blocks)
         mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=epi.define,
                                  NORM=int(gamma is not None),

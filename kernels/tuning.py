@@ -15,6 +15,10 @@ class GemvTuning:
     # 0: off, 1: only matrices with a unit for every warp, 2: all
     balance: int = 1
     late_kmax: int = 0  # bf16 rows of at most this many weights load their first batch after the PDL wait
+    # o_proj follows attention, whose few blocks leave most SMs free at short contexts: there one warp per row
+    # (no split over K) where every row's weights then fit the warps' first batch, all loaded before the PDL wait
+    # (docs/PERFORMANCE.md, "Small models": llama3.2-1b +2.6%)
+    o_whole: bool = True
     quant_rows: int = 2  # rows per warp of the block-format GEMVs (each x load serves them all)
     # ... where quant_rows rows per warp would leave each warp at most one unit (an 8B's 4096-row o_proj and
     # down) and the format has below 8 bits per weight: two units per warp keep each warp streaming

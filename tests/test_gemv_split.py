@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.gemv_ops import split_k
+from kernels.gemv_ops import QuantWeight, split_k, whole_first_batch
 from kernels.tuning import GemvTuning
 
 H200_SMS = 132
@@ -44,3 +44,18 @@ def test_the_split_never_passes_the_warps_of_a_block():
         for k in (64, 576, 896, 2048, 8192):
             s = split(units, k, balance=2)
             assert s in (1, 2, 4, 8) and s <= GemvTuning().warps
+
+
+def test_o_proj_takes_whole_rows_where_all_its_weights_then_load_before_the_wait():
+    t, bf16 = GemvTuning(), object()
+
+    def whole(units, k, rows=1, w=bf16):
+        return whole_first_batch(w, units, k, rows, t, sms=H200_SMS)
+
+    # llama3.2-1b: 2,048 rows over 2,112 resident warps, 8 chunks a lane (the batch of one row a warp)
+    assert whole(2048, 2048) and split(2048, 2048) == 2
+    assert whole(896, 896) and whole(576, 576)  # qwen2.5-0.5b, smollm2: unsplit already
+    assert not whole(4096, 4096)  # the 8B: more rows than warps
+    assert not whole(2000, 4096)  # 16 chunks a lane: two batches
+    assert not whole(2048, 2048, rows=2)  # two rows a warp: a batch of 4 chunks each
+    assert not whole(2048, 2048, w=QuantWeight("q8_0", 2048, 2048, None))

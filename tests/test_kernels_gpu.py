@@ -99,6 +99,17 @@ def test_gemv(cp, rng, n_out, k, epi, norm, bias, splitk, pair, warps, minb, blo
     print(f"gemv {n_out}x{k} epi={epi.name} norm={norm}: rel err {err:.2e}")
 
 
+@pytest.mark.parametrize("n_out,k", [(2048, 2048), (896, 896), (4096, 4096)])
+def test_gemv_whole_rows_before_the_wait(cp, rng, n_out, k):
+    # o_proj's shapes: llama3.2-1b's (no split over K, every row in the first batch), qwen2.5-0.5b's, the 8B's
+    from kernels import ops
+
+    wb, wf = bf16(rng.standard_normal((n_out, k)) / math.sqrt(k))
+    case = GemvCase(rng, wf, n_out, EPI_ADD, False, True)
+    w = cp.asarray(wb)
+    check(cp, case, lambda x, g, b, y, amax: ops.gemv(w, x, y, n_out, k, bias=b, epi=EPI_ADD, whole=True), FP32_TOL)
+
+
 ROWS_CASES = [(1001, 896, True, True), (4099, 576, True, False), (50001, 64, False, True), (151936, 896, True, False),
               (3, 1024, True, True)]
 
