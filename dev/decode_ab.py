@@ -28,6 +28,13 @@ from kernels.bandwidth import copy_bandwidth
 from kernels.quant_layout import FORMATS
 from kernels.tuning import AttnTuning, GemvTuning, Tuning
 
+GEMVS = ("qkv_proj", "o_proj", "gate_up", "down_proj", "lm_head")
+TF_SETS = [()] + [(k,) for k in GEMVS + ("attn",)] + [("attn", "o_proj"), GEMVS, GEMVS + ("attn",),
+                                               ("attn", "o_proj", "qkv_proj"), ("attn", "o_proj", "gate_up"),
+                                               ("attn", "o_proj", "down_proj"), ("attn", "o_proj", "lm_head"),
+                                               ("qkv_proj", "o_proj"), ("qkv_proj", "down_proj"),
+                                               ("qkv_proj", "o_proj", "down_proj"),
+                                               ("attn", "o_proj", "qkv_proj", "lm_head")]
 VARIANTS = {
     "default": Tuning(),
     "attn w4": Tuning(attn=AttnTuning(warps=4)),
@@ -45,6 +52,10 @@ VARIANTS = {
     "late k<=4096": Tuning(gemv=GemvTuning(late_kmax=4096)),
     "w16 mb1 late": Tuning(gemv=GemvTuning(warps=16, min_blocks=1, late_kmax=4096)),
     "o whole": Tuning(gemv=GemvTuning(o_whole=True)),
+    "o split": Tuning(gemv=GemvTuning(o_whole=False)),
+    # the launches of these kinds let the next kernel launch before their own PDL wait (the GEMVs where their
+    # grid leaves resident slots free); "tf none": none of them
+    **{f"tf {'+'.join(k) or 'none'}": Tuning(trigger_first=k) for k in TF_SETS},
 }
 QUANT_VARIANTS = {
     "default": Tuning(),
@@ -59,6 +70,7 @@ QUANT_VARIANTS = {
     **{f"attn chunk {c}": Tuning(attn=AttnTuning(min_chunk=c, one_split_rows=0)) for c in (64, 256, 512)},
     **{f"one split {n}": Tuning(attn=AttnTuning(one_split_rows=n)) for n in (0, 128, 256, 512, 1024)},
     **{f"heads {h}": Tuning(attn=AttnTuning(one_split_heads=h)) for h in (0, 2)},
+    **{f"tf {'+'.join(k) or 'none'}": Tuning(trigger_first=k) for k in TF_SETS},
 }
 PLAN = {
     "llama3-8b": [0, 8192, 32768],

@@ -64,6 +64,8 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: 
     n_qkv = cfg.q_size + 2 * cfg.kv_size
     out = Launches()
     g = tuning.gemv
+    def first(kind):
+        return kind in tuning.trigger_first
 
     def add(launches, name):
         for launch in launches:
@@ -80,25 +82,25 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: 
         layer = f"layer{i}."
         if lw.q_norm is None:
             add(linear_rope(lw.wqkv, b.x, lw.attn_norm, lw.bqkv, b.qkv, b.state, b.cos, b.sin, k_cache, v_cache,
-                            nh=nh, nkv=kv_heads, hd=hd, k=h, max_ctx=ctx, eps=eps, tuning=g, pdl=pdl),
-                layer + "qkv_proj")
+                            nh=nh, nkv=kv_heads, hd=hd, k=h, max_ctx=ctx, eps=eps, tuning=g, pdl=pdl,
+                            trigger_first=first("qkv_proj")), layer + "qkv_proj")
         else:
-            add(linear(lw.wqkv, b.x, b.qkv, n_qkv, h, gamma=lw.attn_norm, bias=lw.bqkv, eps=eps, tuning=g, pdl=pdl),
-                layer + "qkv_proj")
+            add(linear(lw.wqkv, b.x, b.qkv, n_qkv, h, gamma=lw.attn_norm, bias=lw.bqkv, eps=eps, tuning=g, pdl=pdl,
+                       trigger_first=first("qkv_proj")), layer + "qkv_proj")
             out.add(ops.rope_append(b.qkv, lw.q_norm, lw.k_norm, b.cos, b.sin, b.state, k_cache, v_cache, nh=nh,
                                     kv_heads=kv_heads, hd=hd, max_ctx=ctx, eps=eps, warps=tuning.rope_warps, pdl=pdl),
                     layer + "rope_kv_append")
         out.add(attn_decode(b.qkv, k_cache, v_cache, b.state, b.pm, b.pl, b.pacc, b.attn, out.counters[i], nh=nh,
-                            kv_heads=kv_heads, hd=hd, splits=splits, max_ctx=ctx, tuning=tuning.attn, pdl=pdl),
-                layer + "attn")
-        add(linear(lw.wo, b.attn, b.x, h, cfg.q_size, bias=lw.bo, epi=EPI_ADD, tuning=g, pdl=pdl, whole=g.o_whole),
-            layer + "o_proj")
+                            kv_heads=kv_heads, hd=hd, splits=splits, max_ctx=ctx, tuning=tuning.attn, pdl=pdl,
+                            trigger_first=first("attn")), layer + "attn")
+        add(linear(lw.wo, b.attn, b.x, h, cfg.q_size, bias=lw.bo, epi=EPI_ADD, tuning=g, pdl=pdl, whole=g.o_whole,
+                   trigger_first=first("o_proj")), layer + "o_proj")
         add(linear(lw.w_gate_up, b.x, b.act, cfg.intermediate_size, h, gamma=lw.mlp_norm, epi=EPI_SILU, eps=eps,
-                   tuning=g, pdl=pdl), layer + "gate_up")
-        add(linear(lw.w_down, b.act, b.x, h, cfg.intermediate_size, epi=EPI_ADD, tuning=g, pdl=pdl),
-            layer + "down_proj")
+                   tuning=g, pdl=pdl, trigger_first=first("gate_up")), layer + "gate_up")
+        add(linear(lw.w_down, b.act, b.x, h, cfg.intermediate_size, epi=EPI_ADD, tuning=g, pdl=pdl,
+                   trigger_first=first("down_proj")), layer + "down_proj")
     add(linear(w.lm_head, b.x, b.logits, cfg.vocab_size, h, gamma=w.final_norm, eps=eps, amax=b.amax, pair=True,
-               tuning=g, pdl=pdl), "lm_head")
+               tuning=g, pdl=pdl, trigger_first=first("lm_head")), "lm_head")
     out.add(ops.sample(b.logits, b.amax, b.state, b.prompt, b.ring_dev, b.lp_ring_dev, b.counts, b.window,
                        b.sample_work, vocab=cfg.vocab_size, max_ctx=ctx, pdl=pdl), "sample")
     return out

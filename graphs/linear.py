@@ -18,19 +18,19 @@ def _at(a, row: int):
 
 def linear(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi=EPI_STORE, eps: float = 0.0, amax=None,
            tuning: GemvTuning = GemvTuning(), pair: bool = False, pdl: bool = False,
-           whole: bool = False) -> list[Launch]:
+           whole: bool = False, trigger_first: bool = False) -> list[Launch]:
     """y (=, +=, silu-gated) W x as kernels.gemv_ops.gemv does it, for any device matrix (whole: gemv's, for
-    a matrix of one format).
+    a matrix of one format; trigger_first: gemv's, for every launch).
 
     A gate/up pair of two formats (EPI_SILU) runs as two GEMVs: up stored into y, then the gate's
     epilogue y = silu(gate) * y.
     """
     if not isinstance(w, StackedWeight):
         return [gemv(w, x, y, n_out, k, gamma=gamma, bias=bias, epi=epi, eps=eps, amax=amax, tuning=tuning,
-                     pair=pair, pdl=pdl, whole=whole)]
+                     pair=pair, pdl=pdl, whole=whole, trigger_first=trigger_first)]
     if amax is not None:
         raise ValueError("the argmax needs the rows in one matrix")
-    common = dict(gamma=gamma, eps=eps, tuning=tuning, pdl=pdl)
+    common = dict(gamma=gamma, eps=eps, tuning=tuning, pdl=pdl, trigger_first=trigger_first)
     if epi == EPI_SILU:
         if w.offsets != (0, n_out, 2 * n_out):
             raise ValueError(f"gate/up parts at rows {w.offsets}, expected (0, {n_out}, {2 * n_out})")
@@ -44,9 +44,11 @@ def linear(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi=EPI_STORE,
 
 
 def linear_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
-                max_ctx: int, eps: float, tuning: GemvTuning = GemvTuning(), pdl: bool = False) -> list[Launch]:
+                max_ctx: int, eps: float, tuning: GemvTuning = GemvTuning(), pdl: bool = False,
+                trigger_first: bool = False) -> list[Launch]:
     """The fused QKV with RoPE and the K/V append: one gemv_rope per part (parts hold whole heads)."""
-    common = dict(nh=nh, nkv=nkv, hd=hd, k=k, max_ctx=max_ctx, eps=eps, tuning=tuning, pdl=pdl)
+    common = dict(nh=nh, nkv=nkv, hd=hd, k=k, max_ctx=max_ctx, eps=eps, tuning=tuning, pdl=pdl,
+                  trigger_first=trigger_first)
     if not isinstance(w, StackedWeight):
         return [gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, **common)]
     out = []

@@ -13,9 +13,9 @@ from kernels.tuning import AttnTuning
 ATTN_MAX_SPLITS = 128
 
 
-def _module(hd: int, group: int, warps: int, heads: int):
+def _module(hd: int, group: int, warps: int, heads: int, trigger_first: bool = False):
     return module("attention", HEAD_DIM=hd, GROUP=group, WARPS=warps, MAX_SPLITS=ATTN_MAX_SPLITS,
-                  ONE_SPLIT_HEADS=heads)
+                  ONE_SPLIT_HEADS=heads, **({"PDL_TRIGGER_FIRST": 1} if trigger_first else {}))
 
 
 def attn_blocks_per_sm(hd: int, group: int, tuning: AttnTuning = AttnTuning()) -> int:
@@ -35,19 +35,21 @@ def _occupancy(hd: int, group: int, warps: int, heads: int) -> int:
 
 
 def attn_decode(q, k_cache, v_cache, state, pm, pl, pacc, out, counters, *, nh: int, kv_heads: int, hd: int,
-                splits: int, max_ctx: int, tuning: AttnTuning = AttnTuning(), pdl: bool = False) -> Launch:
+                splits: int, max_ctx: int, tuning: AttnTuning = AttnTuning(), pdl: bool = False,
+                trigger_first: bool = False) -> Launch:
     """Split-KV attention over min(splits, ceil(n_cached / min_chunk)) splits, merged by the last block;
     one split (no merge) up to tuning.one_split_limit(hd) cached rows, its blocks taking
     tuning.heads_per_block(nh // kv_heads) query heads each.
 
     q: [nh * hd] f32; k_cache, v_cache: [kv_heads, max_ctx, hd] bf16; pm, pl: [nh, splits] and
     pacc: [nh, splits, hd] f32 partials; out: [nh * hd] f32.
-    counters: [kv_heads] uint32, zero before the first launch; each launch leaves them zero.
+    counters: [kv_heads] uint32, zero before the first launch; each launch leaves them zero. trigger_first: the
+    next kernel may launch before this one's PDL wait.
     """
     if not 1 <= splits <= ATTN_MAX_SPLITS:
         raise ValueError(f"attention splits must be in [1, {ATTN_MAX_SPLITS}], got {splits}")
     group = nh // kv_heads
-    mod = _module(hd, group, tuning.warps, tuning.heads_per_block(group))
+    mod = _module(hd, group, tuning.warps, tuning.heads_per_block(group), trigger_first)
     return mod.function("attn_decode", "PPPPPPPPPifii").prepare(
         (splits, kv_heads), tuning.warps * 32,
         [q, k_cache, v_cache, state, pm, pl, pacc, out, counters, max_ctx, softmax_scale2(hd), tuning.min_chunk,

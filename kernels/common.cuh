@@ -37,9 +37,13 @@ static_assert(sizeof(DecodeState) == 72, "graphs/buffers.py STATE_DTYPE has 72 b
 // under programmatic dependent launch: wait for the previous kernel's writes, then let the next
 // kernel's blocks start launching; both are no-ops in a plain launch. Code before the wait may
 // read only what no kernel of the step writes (weights).
+#ifndef PDL_TRIGGER_FIRST
+#define PDL_TRIGGER_FIRST 0
+#endif
 __device__ __forceinline__ void pdl_enter() {
+    if (PDL_TRIGGER_FIRST) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (!PDL_TRIGGER_FIRST) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 // the two halves of pdl_enter, for a kernel that reads nothing the previous kernel writes (gemv_core.cuh

@@ -222,6 +222,12 @@ def _late(late_wait: bool) -> dict:
     return {"LATE_WAIT": 1} if late_wait else {}
 
 
+def trigger_defines(first: bool, grid: int, min_blocks: int, sms: int | None = None) -> dict:
+    """PDL_TRIGGER_FIRST where this GEMV lets the next kernel launch before its own wait: asked for, and its grid
+    leaves resident slots where the next kernel's blocks can wait beside it."""
+    return {"PDL_TRIGGER_FIRST": 1} if first and grid < min_blocks * (sms or sm_count()) else {}
+
+
 def _unroll(w, rows: int, tuning: GemvTuning) -> int:
     """Chunk loads per row and batch (0: the kernel's own choice)."""
     if not is_quant(w):
@@ -261,7 +267,7 @@ def whole_first_batch(w, units: int, k: int, rows: int, tuning: GemvTuning, sms:
 def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = EPI_STORE, eps: float = 0.0,
          amax=None, tuning: GemvTuning = GemvTuning(), splitk: int | None = None, rows: int | None = None,
          blocks: int | None = None, pair: bool = False, minb: int | None = None, pdl: bool = False,
-         late_wait: bool = False, whole: bool = False) -> Launch:
+         late_wait: bool = False, whole: bool = False, trigger_first: bool = False) -> Launch:
     """y[n_out] (=, += or silu-gated) W x with W [n_out, k] (2 n_out rows for EPI_SILU: gate, then up)
     in bf16 or a QuantWeight's format; gamma fuses the RMSNorm of x, bias is added in every epilogue.
 
@@ -270,6 +276,8 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
     minb overrides the tuning's register cap (blocks per SM). late_wait: the previous launch writes
     nothing this one touches; it waits for it only at its end (gemv_core.cuh LATE_WAIT). whole: no split over
     K where all the weights then load in the first batch, before the PDL wait (whole_first_batch).
+    trigger_first: the next kernel may launch before this one's PDL wait, where the grid leaves resident slots
+    free (trigger_defines).
     """
     tuning = _own_shape(w, k, tuning)
     if minb is not None:
@@ -291,7 +299,8 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
                                  NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks,
                                  ARGMAX=int(amax is not None), WARPS=tuning.warps,
-                                 **_quant_defines(w, k, tuning, smem), **_late(late_wait))
+                                 **_quant_defines(w, k, tuning, smem), **_late(late_wait),
+                                 **trigger_defines(trigger_first, grid, min_blocks))
         if got == rows:
             break
         rows = got  # fewer rows per warp: the grid and split follow
@@ -303,12 +312,13 @@ def gemv(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi: Epilogue = 
 def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: int, nkv: int, hd: int, k: int,
               max_ctx: int, eps: float, head0: int = 0, heads: int | None = None,
               tuning: GemvTuning = GemvTuning(), splitk: int | None = None, blocks: int | None = None,
-              pdl: bool = False, late_wait: bool = False) -> Launch:
+              pdl: bool = False, late_wait: bool = False, trigger_first: bool = False) -> Launch:
     """The QKV projection with RoPE and the K/V append fused into its epilogue (no per-head norm).
 
     w holds the rows of heads [head0, head0 + heads) of q | k | v (default: all nh + 2 nkv); y and
     bias [(nh + 2 nkv) hd] are indexed by absolute row. y gets q and k rotated at the state's
-    position and v; k and v also go to the cache row min(pos, max_ctx - 1) as bf16. late_wait: as gemv's.
+    position and v; k and v also go to the cache row min(pos, max_ctx - 1) as bf16. late_wait, trigger_first: as
+    gemv's.
     """
     heads = nh + 2 * nkv - head0 if heads is None else heads
     tuning = _own_shape(w, k, tuning)
@@ -322,7 +332,8 @@ def gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: in
         mod, got = _quant_module(source, rows, _unroll(w, rows, tuning), K=k, EPILOGUE=Epilogue.ROPE.define,
                                  NORM=int(gamma is not None),
                                  BIAS=int(bias is not None), SPLIT_K=s, MIN_BLOCKS=min_blocks, HEAD_DIM=hd,
-                                 WARPS=tuning.warps, **_quant_defines(w, k, tuning, smem), **_late(late_wait))
+                                 WARPS=tuning.warps, **_quant_defines(w, k, tuning, smem), **_late(late_wait),
+                                 **trigger_defines(trigger_first, grid, min_blocks))
         if got == rows:
             break
         rows = got

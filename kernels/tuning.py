@@ -100,3 +100,17 @@ class Tuning:
     prefill: PrefillTuning = field(default_factory=PrefillTuning)
     rope_warps: int = 4  # warps per rope_append block (one head each)
     splits: int | None = None  # attention splits; None: one full wave of resident blocks
+    # the step's launches of these kinds (graphs/decode.STEP_KINDS) let the next kernel's blocks launch before
+    # their own PDL wait rather than after it (common.cuh PDL_TRIGGER_FIRST), the GEMVs where their grid leaves
+    # resident slots free: the next kernel's blocks then load their first batch while this kernel still waits
+    # for the one before (docs/PERFORMANCE.md, "Small models": smollm2-135m +2.3%, qwen2.5-0.5b +1.0%)
+    trigger_first: tuple[str, ...] = ("qkv_proj", "o_proj")
+
+    def __post_init__(self):
+        for kind in self.trigger_first:
+            if kind not in TRIGGER_KINDS:
+                raise ValueError(f"trigger_first: {kind!r} is not one of {', '.join(TRIGGER_KINDS)}")
+
+
+# the launches of the step that may let the next kernel launch before their own PDL wait
+TRIGGER_KINDS = ("qkv_proj", "attn", "o_proj", "gate_up", "down_proj", "lm_head")

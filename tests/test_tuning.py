@@ -140,3 +140,17 @@ def test_the_first_batch_waits_only_where_that_measured_faster():
     assert early(q("q8_0", 4096), 4096, GemvTuning(quant_late_formats=()))
     bf16 = np.zeros((64, 4096), np.uint16)
     assert early(bf16, 4096) and not early(bf16, 4096, GemvTuning(late_kmax=4096))
+
+
+def test_trigger_first_where_asked_and_the_grid_leaves_room():
+    from kernels.gemv_ops import trigger_defines
+    from kernels.tuning import TRIGGER_KINDS
+
+    assert set(Tuning().trigger_first) == {"qkv_proj", "o_proj"} <= set(TRIGGER_KINDS)
+    # qwen2.5-0.5b's QKV: 72 blocks of the 264 slots of 8-warp blocks, two per SM on 132 SMs
+    assert trigger_defines(True, 72, 2, sms=132) == {"PDL_TRIGGER_FIRST": 1}
+    assert trigger_defines(True, 264, 2, sms=132) == {}  # the 8B's: every slot taken
+    assert trigger_defines(True, 131, 1, sms=132) == {"PDL_TRIGGER_FIRST": 1}
+    assert trigger_defines(False, 72, 2, sms=132) == {}
+    with pytest.raises(ValueError, match="'sample' is not one of"):
+        Tuning(trigger_first=("sample",))
