@@ -20,7 +20,7 @@ def linear(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi=EPI_STORE,
            tuning: GemvTuning = GemvTuning(), pair: bool = False, pdl: bool = False,
            whole: bool = False, trigger_first: bool = False) -> list[Launch]:
     """y (=, +=, silu-gated) W x as kernels.gemv_ops.gemv does it, for any device matrix (whole: gemv's, for
-    a matrix of one format; trigger_first: gemv's, for every launch).
+    a matrix of one format; trigger_first: gemv's, never for the parts of a stack).
 
     A gate/up pair of two formats (EPI_SILU) runs as two GEMVs: up stored into y, then the gate's
     epilogue y = silu(gate) * y.
@@ -30,7 +30,9 @@ def linear(w, x, y, n_out: int, k: int, *, gamma=None, bias=None, epi=EPI_STORE,
                      pair=pair, pdl=pdl, whole=whole, trigger_first=trigger_first)]
     if amax is not None:
         raise ValueError("the argmax needs the rows in one matrix")
-    common = dict(gamma=gamma, eps=eps, tuning=tuning, pdl=pdl, trigger_first=trigger_first)
+    # a part after the first reads x before its wait (LATE_WAIT), safe only while the part before it lets it
+    # launch after its own wait: the parts never trigger first
+    common = dict(gamma=gamma, eps=eps, tuning=tuning, pdl=pdl)
     if epi == EPI_SILU:
         if w.offsets != (0, n_out, 2 * n_out):
             raise ValueError(f"gate/up parts at rows {w.offsets}, expected (0, {n_out}, {2 * n_out})")
@@ -47,10 +49,10 @@ def linear_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, *, nh: 
                 max_ctx: int, eps: float, tuning: GemvTuning = GemvTuning(), pdl: bool = False,
                 trigger_first: bool = False) -> list[Launch]:
     """The fused QKV with RoPE and the K/V append: one gemv_rope per part (parts hold whole heads)."""
-    common = dict(nh=nh, nkv=nkv, hd=hd, k=k, max_ctx=max_ctx, eps=eps, tuning=tuning, pdl=pdl,
-                  trigger_first=trigger_first)
+    common = dict(nh=nh, nkv=nkv, hd=hd, k=k, max_ctx=max_ctx, eps=eps, tuning=tuning, pdl=pdl)
     if not isinstance(w, StackedWeight):
-        return [gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, **common)]
+        return [gemv_rope(w, x, gamma, bias, y, state, cos, sin, k_cache, v_cache, trigger_first=trigger_first,
+                          **common)]
     out = []
     for i, (p, r0, r1) in enumerate(zip(w.parts, w.offsets, w.offsets[1:], strict=False)):
         if r0 % hd or r1 % hd:

@@ -100,11 +100,11 @@ class Tuning:
     prefill: PrefillTuning = field(default_factory=PrefillTuning)
     rope_warps: int = 4  # warps per rope_append block (one head each)
     splits: int | None = None  # attention splits; None: one full wave of resident blocks
-    # the step's launches of these kinds (graphs/decode.STEP_KINDS) let the next kernel's blocks launch before
-    # their own PDL wait rather than after it (common.cuh PDL_TRIGGER_FIRST), the GEMVs where their grid leaves
-    # resident slots free: the next kernel's blocks then load their first batch while this kernel still waits
-    # for the one before (docs/PERFORMANCE.md, "Small models": smollm2-135m +2.3%, qwen2.5-0.5b +1.0%)
-    trigger_first: tuple[str, ...] = ("qkv_proj", "o_proj")
+    # lab only: the step's launches of these kinds (graphs/decode.STEP_KINDS) let the next kernel's blocks launch
+    # before their own PDL wait rather than after it (common.cuh PDL_TRIGGER_FIRST), the GEMVs where their grid
+    # leaves resident slots free. Faster on small bf16 shapes, but it gave wrong logits on Q8_0/Q4_0 models that
+    # are not understood (docs/PERFORMANCE.md, "Small models"), so it is off
+    trigger_first: tuple[str, ...] = ()
 
     def __post_init__(self):
         for kind in self.trigger_first:
