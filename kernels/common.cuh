@@ -36,7 +36,8 @@ static_assert(sizeof(DecodeState) == 72, "graphs/buffers.py STATE_DTYPE has 72 b
 
 // under programmatic dependent launch: wait for the previous kernel's writes, then let the next
 // kernel's blocks start launching; both are no-ops in a plain launch. Code before the wait may
-// read only what no kernel of the step writes (weights).
+// read only what no kernel of the step writes (weights). PDL_TRIGGER_FIRST (lab only, Tuning.trigger_first)
+// lets the next kernel launch first and then waits.
 #ifndef PDL_TRIGGER_FIRST
 #define PDL_TRIGGER_FIRST 0
 #endif
