@@ -421,7 +421,7 @@ attn_decode(const float* __restrict__ q, const bf16* __restrict__ k_cache, const
 {
     // the position is the previous step's: no kernel of this step writes it
     const int splits = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
-    const int n_cached = min(max(st->pos, 0) + 1, max_ctx);
+    const int n_cached = min(max(__ldcg(&st->pos), 0) + 1, max_ctx);  // coherent: it stays above the wait
     const int active = n_cached <= one_split_rows ? 1 : min(splits, (n_cached + min_chunk - 1) / min_chunk);
     __shared__ Merged sm;
     if (active == 1) {

@@ -36,8 +36,10 @@ static_assert(sizeof(DecodeState) == 72, "graphs/buffers.py STATE_DTYPE has 72 b
 
 // under programmatic dependent launch: wait for the previous kernel's writes, then let the next
 // kernel's blocks start launching; both are no-ops in a plain launch. Code before the wait may
-// read only what no kernel of the step writes (weights). PDL_TRIGGER_FIRST (lab only, Tuning.trigger_first)
-// lets the next kernel launch first and then waits.
+// read only what no kernel of the step writes (weights). Code after it reads what the step writes with
+// coherent loads only: ptxas schedules non-coherent (.nc, __ldg) loads across the wait, above it where no
+// launch_dependents sits between (tests/test_pdl_schedule.py checks the machine code). PDL_TRIGGER_FIRST
+// (Tuning.trigger_first) lets the next kernel launch first and then waits.
 #ifndef PDL_TRIGGER_FIRST
 #define PDL_TRIGGER_FIRST 0
 #endif

@@ -28,9 +28,11 @@
 #endif
 
 // what the step writes (x, the position): without the PDL wait before it (LATE_WAIT), read past L1, whose
-// lines could predate the previous kernels' writes, from L2, where those writes are
-__device__ __forceinline__ float4 ld_x(const float4* p) { return LATE_WAIT ? __ldcg(p) : __ldg(p); }
-__device__ __forceinline__ int ld_state_pos(const DecodeState* st) { return LATE_WAIT ? __ldcg(&st->pos) : st->pos; }
+// lines could predate the previous kernels' writes, from L2, where those writes are. Never a non-coherent
+// (.nc) load: ptxas takes .nc data for constant through the kernel's life and schedules such loads across the
+// PDL wait, above it where the next kernel's launch no longer sits between them (PDL_TRIGGER_FIRST)
+__device__ __forceinline__ float4 ld_x(const float4* p) { return LATE_WAIT ? __ldcg(p) : __ldca(p); }
+__device__ __forceinline__ int ld_state_pos(const DecodeState* st) { return LATE_WAIT ? __ldcg(&st->pos) : __ldca(&st->pos); }
 #ifndef ROWS
 #define ROWS (EPILOGUE == EPI_SILU || EPILOGUE == EPI_ROPE ? 2 : 1)
 #endif

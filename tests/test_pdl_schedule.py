@@ -1,0 +1,94 @@
+"""Where ptxas puts loads around the PDL wait (kernels/sass.py): no load of what the step writes may run
+ahead of `griddepcontrol.wait`, in any declared build, with the next kernel let in after the wait or, for the
+launches that may do so (Tuning.trigger_first), before it. A non-coherent load (`ld.global.nc`) is one that
+ptxas moves across the wait; only the weight stream may use it there."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels import compiler, sass
+from kernels.compiler import compile_kernel, declared_defines
+
+ARCH = "sm_90"
+# the sources whose kernels wait on the previous one, and those whose launches may let the next one in first
+WAITING = [p for p in compiler.source_files() if p.suffix == ".cu" and
+           (p.stem in ("attention", "dequant", "embed", "rope", "sample") or p.stem.startswith("gemv"))]
+TRIGGERING = {p.stem for p in WAITING if p.stem == "attention" or p.stem.startswith("gemv")}
+
+# x read with __ldg (LOAD) after the wait: ptxas hoists one of those loads above it when the next kernel's
+# launch comes first (FIRST), not when it sits between the wait and the loads
+DOT = """
+extern "C" __global__ void dot8(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y) {
+    const float4* x4 = reinterpret_cast<const float4*>(x) + threadIdx.x;
+    const float4* w4 = reinterpret_cast<const float4*>(w) + blockIdx.x * 1024 + threadIdx.x;
+#if FIRST
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#if !FIRST
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float4 a = __ldg(w4 + 128 * i), v = LOAD(x4 + 128 * i);
+        acc += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
+    }
+    y[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def disassembler():
+    try:
+        return sass.nvdisasm()
+    except sass.NoDisassembler as e:
+        pytest.fail(str(e))
+
+
+def _builds():
+    for src in WAITING:
+        for i, defines in enumerate(declared_defines(src)):
+            for first in (0, 1) if src.stem in TRIGGERING else (0,):
+                yield pytest.param(src, defines, first, id=f"{src.name}-{i}" + ("-first" if first else ""))
+
+
+@pytest.mark.parametrize("source,defines,first", list(_builds()))
+def test_nothing_the_step_writes_is_read_ahead_of_the_wait(disassembler, source, defines, first):
+    r = compile_kernel(source, defines={**defines, **({"PDL_TRIGGER_FIRST": 1} if first else {})}, arch=ARCH)
+    listing = sass.disassemble(r.cubin)
+    assert sass.waits(listing) > 0, f"{source.name}: no PDL wait in the machine code"
+    assert sass.loads_ahead_of_wait(listing) == []
+
+
+@pytest.mark.parametrize("first,load,hoisted", [(1, "__ldg", True), (1, "__ldca", False), (0, "__ldg", False)])
+def test_the_check_sees_a_load_that_ptxas_hoisted(disassembler, tmp_path, first, load, hoisted):
+    src = tmp_path / "dot8.cu"
+    src.write_text(DOT)
+    listing = sass.disassemble(compile_kernel(src, defines={"FIRST": first, "LOAD": load}, arch=ARCH).cubin)
+    early = sass.loads_ahead_of_wait(listing)
+    assert sass.waits(listing) == 1
+    assert bool(early) == hoisted, early
+    assert all(e.function == "dot8" and ".CONSTANT" in e.instruction for e in early)
+
+
+def test_the_listing_is_read_by_function_and_block():
+    listing = """
+        .text.k:
+        /*0000*/                   LDG.E.128.CONSTANT R4, desc[UR4][R2.64] ;
+        /*0010*/                   LDG.E.NA.128.CONSTANT R8, desc[UR4][R6.64] ;
+        /*0020*/                   LDG.E.128 R12, desc[UR4][R2.64] ;
+        /*0030*/                   ACQBULK ;
+.L_x_0:
+        /*0040*/                   LDG.E.CONSTANT R2, desc[UR4][R2.64] ;
+        /*0050*/              @!P0 BRA `(.L_x_1) ;
+        /*0060*/                   ACQBULK ;
+        .text.j:
+        /*0000*/                   ACQBULK ;
+"""
+    assert sass.waits(listing) == 3
+    assert set(sass.functions(listing)) == {"k", "j"}
+    # the coherent and the weight-stream loads pass; past a branch is another block
+    assert sass.loads_ahead_of_wait(listing) == [sass.EarlyLoad("k", "LDG.E.128.CONSTANT R4, desc[UR4][R2.64]")]
