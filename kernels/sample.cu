@@ -11,7 +11,7 @@
 // operations only, so the numpy sampler draws the same tokens.
 // The blocks wait for the merging one: all BLOCKS must be resident at once (BLOCKS <= the SM count; see
 // ops.sample).
-// budget: sample=80
+// budget: sample=96
 // defines: BLOCK=512 PER_THREAD=3 BLOCKS=99 MAX_RECORDS=64 MAX_LOGPROBS=20 LP_WORDS=44 WORK_WORDS=15017
 #include "reduce.cuh"
 
@@ -468,15 +468,21 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __shared__ unsigned long long launch_no;
     // the Gumbel noise before the wait: it depends only on the state, which no kernel of this step writes
     // (the last step's sampler did), read past L1, where a line could predate that write
+    // and so do the penalties' window and counts (the last step's sampler wrote them too): their loads, which
+    // miss L2 after the weights streamed through it, wait beside the previous kernel rather than after it
     const int base = blockIdx.x * SLICE;
     float gumbel[PER_THREAD];
+    int in_window[PER_THREAD], count[PER_THREAD];
     {
         const int pos0 = __ldcg(&st->pos), prompt0 = __ldcg(&st->prompt_len);
         const bool noise = pos0 + 1 >= prompt0 && __ldcg(&st->temperature) > 0.f;
         const unsigned long long seed = __ldcg(&st->seed), step = __ldcg(&st->step);
+        const unsigned flags0 = __ldcg(&st->flags);
 #pragma unroll
         for (int e = 0; e < PER_THREAD; ++e) {
             const int i = base + e * BLOCK + threadIdx.x;
+            in_window[e] = flags0 & STATE_REPEAT && i < vocab ? __ldcg(window + i) : 0;
+            count[e] = flags0 & STATE_COUNTS && i < vocab ? __ldcg(counts + i) : 0;
             gumbel[e] = noise && i < vocab ? log_f32(-log_f32(rng_u(seed, step, (unsigned long long)i))) : 0.f;
         }
     }
@@ -506,11 +512,9 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
             float x = NEG_INF;
             if (i < vocab) {
                 x = logits[i];
-                if (repeat && window[i] > 0) x = x > 0.f ? __fdiv_rn(x, S.repeat_penalty) : __fmul_rn(x, S.repeat_penalty);
-                if (counted) {
-                    const int c = counts[i];
-                    if (c > 0) x = __fsub_rn(x, __fadd_rn(S.presence_penalty, __fmul_rn(S.frequency_penalty, (float)c)));
-                }
+                if (repeat && in_window[e] > 0) x = x > 0.f ? __fdiv_rn(x, S.repeat_penalty) : __fmul_rn(x, S.repeat_penalty);
+                if (counted && count[e] > 0)
+                    x = __fsub_rn(x, __fadd_rn(S.presence_penalty, __fmul_rn(S.frequency_penalty, (float)count[e])));
                 if (!greedy) x = __fdiv_rn(x, S.temperature);
                 bad |= !isfinite(x);
             }
