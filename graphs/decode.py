@@ -65,7 +65,7 @@ def step_launches(cfg: ModelConfig, w: DeviceWeights, b: DecodeBuffers, tuning: 
     out = Launches()
     g = tuning.gemv
 
-    def first(kind):  # this launch lets the next one launch before its own PDL wait (lab only)
+    def first(kind):  # this launch lets the next one launch before its own PDL wait (Tuning.trigger_first)
         return kind in tuning.trigger_first
 
     def add(launches, name):

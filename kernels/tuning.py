@@ -100,10 +100,10 @@ class Tuning:
     prefill: PrefillTuning = field(default_factory=PrefillTuning)
     rope_warps: int = 4  # warps per rope_append block (one head each)
     splits: int | None = None  # attention splits; None: one full wave of resident blocks
-    # lab only: the step's launches of these kinds (graphs/decode.STEP_KINDS) let the next kernel's blocks launch
-    # before their own PDL wait rather than after it (common.cuh PDL_TRIGGER_FIRST), the GEMVs where their grid
-    # leaves resident slots free. Faster on small bf16 shapes, but it gave wrong logits on Q8_0/Q4_0 models that
-    # are not understood (docs/PERFORMANCE.md, "Small models"), so it is off
+    # the step's launches of these kinds (graphs/decode.STEP_KINDS) let the next kernel's blocks launch before
+    # their own PDL wait rather than after it (common.cuh PDL_TRIGGER_FIRST), the GEMVs where their grid leaves
+    # resident slots free. Same bits either way (tests/test_trigger_first_gpu.py); off, as it gains on the
+    # smallest shape only and loses on others (docs/PERFORMANCE.md, "Small models")
     trigger_first: tuple[str, ...] = ()
 
     def __post_init__(self):
