@@ -21,20 +21,22 @@ def cp():
     return cupy
 
 
-def _cfg():
-    """Rows of 2,048 weights (one 16-warp block per SM for the block formats) and of 5,632 (down)."""
+def model_cfg(hidden: int = 2048, inter: int = 5632, heads: int = 16, kv_heads: int = 4, hd: int = 128):
+    """Three layers; by default rows of 2,048 weights (one 16-warp block per SM for the block formats) and of
+    5,632 (down)."""
     from engine.config import ModelConfig
 
-    return ModelConfig(arch="llama", vocab_size=1000, hidden_size=2048, intermediate_size=5632, num_layers=3,
-                       num_heads=16, num_kv_heads=4, head_dim=128, rms_norm_eps=1e-5, rope_theta=10000.0,
+    return ModelConfig(arch="llama", vocab_size=1000, hidden_size=hidden, intermediate_size=inter, num_layers=3,
+                       num_heads=heads, num_kv_heads=kv_heads, head_dim=hd, rms_norm_eps=1e-5, rope_theta=10000.0,
                        max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False,
                        qk_norm=False)
 
 
-def _logits(quant: str, tuning: Tuning, use_graph: bool = True, steps: int = 24):
+def step_logits(cfg, quant: str, tuning: Tuning, use_graph: bool = True, steps: int = 24) -> np.ndarray:
+    """[steps, vocab] logits of a random model in this format, one replay (or eager step) each."""
     from engine.backend_cuda import CudaBackend
 
-    be = CudaBackend(_cfg(), None, max_context=128, tuning=tuning, use_graph=use_graph, seed=5, random_quant=quant)
+    be = CudaBackend(cfg, None, max_context=128, tuning=tuning, use_graph=use_graph, seed=5, random_quant=quant)
     be.start([3, 14, 15, 92, 65])
     out = []
     for _ in range(steps):
@@ -45,9 +47,10 @@ def _logits(quant: str, tuning: Tuning, use_graph: bool = True, steps: int = 24)
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
 def test_the_late_first_batch_gives_the_same_bits(cp, quant):
-    late = _logits(quant, Tuning(splits=8))
-    early = _logits(quant, Tuning(gemv=GemvTuning(quant_late_formats=()), splits=8))
-    eager = _logits(quant, Tuning(splits=8), use_graph=False)
+    cfg = model_cfg()
+    late = step_logits(cfg, quant, Tuning(splits=8))
+    early = step_logits(cfg, quant, Tuning(gemv=GemvTuning(quant_late_formats=()), splits=8))
+    eager = step_logits(cfg, quant, Tuning(splits=8), use_graph=False)
     assert np.isfinite(late).all() and np.ptp(late[-1]) > 0
     assert np.array_equal(late, early)
     assert np.array_equal(late, eager)
