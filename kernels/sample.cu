@@ -466,10 +466,9 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __shared__ int warp_n[BLOCK_WARPS], pool_n[BLOCKS];
     __shared__ int n_shared, is_last, merging;
     __shared__ unsigned long long launch_no;
-    // the Gumbel noise before the wait: it depends only on the state, which no kernel of this step writes
-    // (the last step's sampler did), read past L1, where a line could predate that write
-    // and so do the penalties' window and counts (the last step's sampler wrote them too): their loads, which
-    // miss L2 after the weights streamed through it, wait beside the previous kernel rather than after it
+    // before the wait, what only the last step's sampler wrote (no kernel of this step), read past L1, where a
+    // line could predate that write: the state, for the Gumbel noise; the penalties' window and counts, whose
+    // loads miss L2 after the weights streamed through it and so wait beside the lm_head rather than after it
     const int base = blockIdx.x * SLICE;
     float gumbel[PER_THREAD];
     int in_window[PER_THREAD], count[PER_THREAD];
