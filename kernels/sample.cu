@@ -32,11 +32,13 @@
 #define W_GREEDY 2                  // packed argmax of the penalized logits
 #define W_RAW 3                     // mass of the raw logits (log-probabilities)
 #define W_BAD 4                     // nonzero: a logit was not finite
-#define W_MERGED 5                  // launches whose overall records are out (released by the merging block)
-#define W_NREC 6                    // the overall records: their count, then (key, z key) pairs
+                                    // words 5 to 7: unused
 #define W_COUNT 8                   // [MAX_RECORDS + 1] tokens above threshold j (j = 0: all)
 #define W_MASS (W_COUNT + MAX_RECORDS + 1) // [MAX_RECORDS + 1] their mass
-#define W_REC (W_MASS + MAX_RECORDS + 1)   // [MAX_RECORDS][2]
+// the overall records, [MAX_RECORDS] (key, tagged z key) pairs: each z word carries the launch number in its
+// upper half (32 bits of it), so that a block polling it knows the word is this launch's without a fence
+// or a flag; the slots past the last record hold a tagged 0
+#define W_REC (W_MASS + MAX_RECORDS + 1)
 #define W_BLOCKS (W_REC + 2 * MAX_RECORDS)
 #define B_NREC 0                    // per block: record count, (key, z key) pairs, top raw keys
 #define B_REC 1
@@ -47,6 +49,7 @@
 static_assert(W_BLOCKS + BLOCKS * BLOCK_WORDS == WORK_WORDS, "ops.sample_work_words disagrees with the layout");
 static_assert(BLOCKS * MAX_LOGPROBS <= POOL, "the top-n merge gathers every block's list");
 static_assert(2 * MAX_RECORDS < BLOCK && PRELOAD <= MAX_RECORDS, "the overall records come in one wave");
+static_assert(MAX_RECORDS % 32 == 0, "one warp polls the overall records' z words");
 static_assert(MERGE_GROUPS >= 1 && MERGE_GROUPS <= BLOCK_WARPS, "a warp per group of block lists");
 static_assert(3 + 2 * MAX_LOGPROBS <= LP_WORDS, "a log-probability slot holds the token, its logprob, n and the top n");
 
@@ -408,14 +411,14 @@ __device__ __forceinline__ unsigned long long add_acq_rel(unsigned long long* p,
     return old;
 }
 
-__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {
+__device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long* p) {
     unsigned long long v;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 
-__device__ __forceinline__ void st_release(unsigned long long* p, unsigned long long v) {
-    asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+__device__ __forceinline__ unsigned long long tagged(unsigned long long launch, unsigned z) {
+    return (launch << 32) | z;
 }
 
 #ifdef PROFILE_AT
@@ -468,15 +471,21 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
     __shared__ unsigned long long launch_no;
     // before the wait, what only the last step's sampler wrote (no kernel of this step), read past L1, where a
     // line could predate that write: the state, for the Gumbel noise; the penalties' window and counts, whose
-    // loads miss L2 after the weights streamed through it and so wait beside the lm_head rather than after it
+    // loads miss L2 after the weights streamed through it and so wait beside the lm_head rather than after it;
+    // and the token that leaves the repeat window, which the finishing block's end would otherwise wait for
     const int base = blockIdx.x * SLICE;
     float gumbel[PER_THREAD];
     int in_window[PER_THREAD], count[PER_THREAD];
+    int leaving = -1;  // the token that leaves the repeat window this step (thread 0 of each block)
     {
         const int pos0 = __ldcg(&st->pos), prompt0 = __ldcg(&st->prompt_len);
         const bool noise = pos0 + 1 >= prompt0 && __ldcg(&st->temperature) > 0.f;
         const unsigned long long seed = __ldcg(&st->seed), step = __ldcg(&st->step);
         const unsigned flags0 = __ldcg(&st->flags);
+        if (threadIdx.x == 0 && flags0 & STATE_REPEAT) {
+            const int last_n = __ldcg(&st->repeat_last_n), leave = pos0 + 1 - last_n;
+            if (last_n > 0 && leave >= 0 && pos0 + 1 < max_ctx) leaving = __ldcg(tokens + leave);
+        }
 #pragma unroll
         for (int e = 0; e < PER_THREAD; ++e) {
             const int i = base + e * BLOCK + threadIdx.x;
@@ -562,7 +571,8 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 zk[e] = i < vocab ? key_of(v[e]) : 0u;
                 top = max(top, zk[e]);
             }
-            const float m_warp = val_of(__reduce_max_sync(0xffffffffu, top));
+            const unsigned warp_top = __reduce_max_sync(0xffffffffu, top);
+            const float m_warp = val_of(warp_top);
 #pragma unroll
             for (int e = 0; e < PER_THREAD; ++e) {
                 const int i = base + e * BLOCK + tid;
@@ -655,18 +665,13 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                                                                       rec_z[j] = z;
                                                                       if (!direct) {
                                                                           work[W_REC + 2 * j] = k;
-                                                                          work[W_REC + 2 * j + 1] = z;
+                                                                          work[W_REC + 2 * j + 1] = tagged(launch_no, z);
                                                                       }
                                                                   });
+                    if (!direct && tid >= n && tid < MAX_RECORDS) work[W_REC + 2 * tid + 1] = tagged(launch_no, 0u);
                     __syncthreads();
-                    if (tid == 0) {
-                        n_shared = n;
-                        if (!direct) {
-                            work[W_NREC] = n;
-                            MARK(11, true)
-                            st_release(work + W_MERGED, launch_no);
-                        }
-                    }
+                    if (tid == 0) n_shared = n;
+                    MARK(11, !direct)
                 } else if (warp == 0) {
                     const int n = MERGE_GROUPS > 1
                         ? merge_warp_lists<MERGE_GROUPS, 12>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z)
@@ -674,31 +679,41 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                     if (lane == 0) n_shared = n;
                     if (!direct) {
                         __syncwarp();
-                        for (int j = lane; j < n; j += 32) {
-                            work[W_REC + 2 * j] = rec_k[j];
-                            work[W_REC + 2 * j + 1] = rec_z[j];
+                        for (int j = lane; j < MAX_RECORDS; j += 32) {
+                            if (j < n) work[W_REC + 2 * j] = rec_k[j];
+                            work[W_REC + 2 * j + 1] = tagged(launch_no, j < n ? rec_z[j] : 0u);
                         }
-                        if (lane == 0) work[W_NREC] = n;
-                        __syncwarp();
                         MARK(11, true)
-                        if (lane == 0) st_release(work + W_MERGED, launch_no);
                     }
                 }
                 __syncthreads();
             } else {
                 if (direct) return;  // min-p alone: the merging block finishes the step
-                if (tid == 0)
-                    while (ld_acquire(work + W_MERGED) < launch_no) __nanosleep(32);
-                __syncthreads();
-                MARK(4, blockIdx.x == 0)
-                if (tid < 2 * MAX_RECORDS) {
-                    const unsigned long long w = __ldcg(work + W_REC + tid);
-                    if (tid & 1) rec_z[tid >> 1] = (unsigned)w;
-                    else rec_k[tid >> 1] = w;
-                } else if (tid == 2 * MAX_RECORDS) {
-                    n_shared = (int)__ldcg(work + W_NREC);
+                // warp 0 polls the records' z words until all carry this launch's tag: one trip to L2 after they
+                // land, where a flag would need a fence on the merging block's side and a second trip on this
+                // one. Only the z keys are needed here; the block that finishes loads the keys.
+                if (warp == 0) {
+                    constexpr int R = MAX_RECORDS / 32;
+                    unsigned long long w[R];
+                    bool current;
+                    do {
+                        current = true;
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            w[r] = ld_relaxed(work + W_REC + 2 * (lane + 32 * r) + 1);
+                            current &= (w[r] >> 32) == (launch_no & 0xffffffffull);
+                        }
+                    } while (!__all_sync(0xffffffffu, current));
+                    int n = 0;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        rec_z[lane + 32 * r] = (unsigned)w[r];
+                        n += __popc(__ballot_sync(0xffffffffu, (unsigned)w[r] != 0u));
+                    }
+                    if (lane == 0) n_shared = n;
                 }
                 __syncthreads();
+                MARK(4, blockIdx.x == 0)
             }
             n_rec = n_shared;
             m = n_rec ? val_of(rec_z[n_rec - 1]) : 0.f;  // the last record holds the largest z
@@ -712,6 +727,14 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 for (int e = 0; e < PER_THREAD; ++e) q[e] = by_mass && zk[e] ? mass_q(__fsub_rn(v[e], m)) : 0ull;
                 for (int j = 0; j < n_rec; ++j) {
                     const unsigned t = j ? rec_z[j - 1] : 0u;
+                    if (t >= warp_top) {
+                        // none of the warp's tokens above this threshold or the later (larger) ones
+                        for (int r = j + lane; r < n_rec; r += 32) {
+                            per_warp.part.count[warp][r] = 0;
+                            per_warp.part.mass[warp][r] = 0;
+                        }
+                        break;
+                    }
                     unsigned c = 0;
                     unsigned long long s = 0;
 #pragma unroll
@@ -739,8 +762,8 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                         c += per_warp.part.count[w][j];
                         s += per_warp.part.mass[w][j];
                     }
-                    if (by_count) atomicAdd(work + W_COUNT + j, c);
-                    if (by_mass) atomicAdd(work + W_MASS + j, s);
+                    if (by_count && c) atomicAdd(work + W_COUNT + j, c);
+                    if (by_mass && s) atomicAdd(work + W_MASS + j, s);
                 }
             }
             MARK(6, blockIdx.x == 0)
@@ -765,6 +788,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
         for (int j = tid; j < n_rec; j += BLOCK) {
             above_mass[j] = by_mass ? __ldcg(work + W_MASS + j) : 0ull;
             above_count[j] = by_count ? (unsigned)__ldcg(work + W_COUNT + j) : 0u;
+            if (!direct) rec_k[j] = __ldcg(work + W_REC + 2 * j);  // the merging block's keys (its own: the same)
         }
         __syncthreads();
         next = n_rec ? key_index(rec_k[n_rec - 1]) : 0;  // the last record: every filter keeps the largest z
@@ -823,13 +847,13 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
         if (!in_prompt) st->step = S.step + 1;
         if (pos + 1 < max_ctx) {
             if (!in_prompt) tokens[pos + 1] = next;
+            // reductions, not loads and stores: nothing to wait for at the kernel's end
             if (repeat) {
-                window[next] += 1;
-                const int leave = pos + 1 - S.repeat_last_n;
-                if (S.repeat_last_n > 0 && leave >= 0) window[tokens[leave]] -= 1;
+                atomicAdd(window + next, 1);
+                if (leaving >= 0) atomicSub(window + leaving, 1);
             }
         }
-        if (counted && !in_prompt) counts[next] += 1;
+        if (counted && !in_prompt) atomicAdd(counts + next, 1);
         ring[slot] = bad ? -1 : next;
     }
     MARK(7, true)
