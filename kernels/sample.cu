@@ -417,8 +417,9 @@ __device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long lon
     return v;
 }
 
-__device__ __forceinline__ unsigned long long tagged(unsigned long long launch, unsigned z) {
-    return (launch << 32) | z;
+// z tagged with the launch number, stored strong (relaxed, GPU scope): other blocks poll it with ld_relaxed
+__device__ __forceinline__ void st_tagged(unsigned long long* p, unsigned long long launch, unsigned z) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(p), "l"((launch << 32) | z) : "memory");
 }
 
 #ifdef PROFILE_AT
@@ -665,10 +666,10 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                                                                       rec_z[j] = z;
                                                                       if (!direct) {
                                                                           work[W_REC + 2 * j] = k;
-                                                                          work[W_REC + 2 * j + 1] = tagged(launch_no, z);
+                                                                          st_tagged(work + W_REC + 2 * j + 1, launch_no, z);
                                                                       }
                                                                   });
-                    if (!direct && tid >= n && tid < MAX_RECORDS) work[W_REC + 2 * tid + 1] = tagged(launch_no, 0u);
+                    if (!direct && tid >= n && tid < MAX_RECORDS) st_tagged(work + W_REC + 2 * tid + 1, launch_no, 0u);
                     __syncthreads();
                     if (tid == 0) n_shared = n;
                     MARK(11, !direct)
@@ -681,7 +682,7 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                         __syncwarp();
                         for (int j = lane; j < MAX_RECORDS; j += 32) {
                             if (j < n) work[W_REC + 2 * j] = rec_k[j];
-                            work[W_REC + 2 * j + 1] = tagged(launch_no, j < n ? rec_z[j] : 0u);
+                            st_tagged(work + W_REC + 2 * j + 1, launch_no, j < n ? rec_z[j] : 0u);
                         }
                         MARK(11, true)
                     }
