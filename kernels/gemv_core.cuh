@@ -18,15 +18,6 @@
 // (PDL). LATE_WAIT: the previous kernel writes nothing this one reads or writes (it is another part of the
 // same projection, e.g. a Q4_K_M layer's Q6_K v rows after its Q4_K q and k rows), so this one streams at
 // once and waits for it only at its end, which still orders both before the next kernel.
-#ifndef X_SMEM
-#define X_SMEM 0
-#endif
-#ifndef XQ
-#define XQ 0
-#endif
-#ifndef EPI_PREFETCH
-#define EPI_PREFETCH (XQ || X_SMEM)  // gemv_epilogue.cuh: the block formats' epilogues load as their units start
-#endif
 #include "gemv_epilogue.cuh"
 #include "gemv_formats.cuh"
 
@@ -41,6 +32,12 @@
 #endif
 #ifndef NORM
 #define NORM 0
+#endif
+#ifndef X_SMEM
+#define X_SMEM 0
+#endif
+#ifndef XQ
+#define XQ 0
 #endif
 #ifndef EARLY_BATCH
 #define EARLY_BATCH 1  // the first batch of weights is loaded before the PDL wait
@@ -233,7 +230,6 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
     epi.rows(first_live ? base + grp : 0, w, rp);
     // the first batch of weights streams in while the previous kernel finishes (EARLY_BATCH), else after it
     if (EARLY_BATCH) load_batch<true>(rp, first_live, 0, part, lane, a);
-    epi.early();
     if (LATE_WAIT)
         pdl_launch();
     else
@@ -250,7 +246,6 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
     for (int j = 0; base < n; base += stride, ++j) {
         const int u = base + grp;
         if (SPLIT_K == 1 && u >= n) break;
-        if (EPI_PREFETCH && part == 0 && lane == 0 && u < n) epi.prefetch(u);
         float acc[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;

@@ -26,9 +26,6 @@
 #ifndef LATE_WAIT
 #define LATE_WAIT 0  // gemv_core.cuh
 #endif
-#ifndef EPI_PREFETCH
-#define EPI_PREFETCH 0  // gemv_core.cuh
-#endif
 
 // what the step writes (x, the position): without the PDL wait before it (LATE_WAIT), read past L1, whose
 // lines could predate the previous kernels' writes, from L2, where those writes are. Never a non-coherent
@@ -36,11 +33,6 @@
 // PDL wait, above it where the next kernel's launch no longer sits between them (PDL_TRIGGER_FIRST)
 __device__ __forceinline__ float4 ld_x(const float4* p) { return LATE_WAIT ? __ldcg(p) : __ldca(p); }
 __device__ __forceinline__ int ld_state_pos(const DecodeState* st) { return LATE_WAIT ? __ldcg(&st->pos) : __ldca(&st->pos); }
-
-// EPI_PREFETCH: an epilogue's loads (the residual, the bias, cos and sin) are issued as its unit starts, into L1
-// with no register holding them, so that they overlap the unit's weight loads rather than follow its dot
-// products. On for the block formats (gemv_core.cuh); the bf16 GEMVs measured no gain from it
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" :: "l"(p)); }
 #ifndef ROWS
 #define ROWS (EPILOGUE == EPI_SILU || EPILOGUE == EPI_ROPE ? 2 : 1)
 #endif
@@ -75,19 +67,7 @@ struct RowEpilogue {
             if (EPILOGUE == EPI_SILU) rp[j + PER_UNIT] = w + (size_t)(n_out + row) * row_bytes;
         }
     }
-    __device__ __forceinline__ void early() {}
     __device__ __forceinline__ void begin() {}
-    // after the PDL wait (y may be the previous kernel's output)
-    __device__ __forceinline__ void prefetch(int unit) const {
-        if (!EPI_PREFETCH) return;
-#pragma unroll
-        for (int j = 0; j < PER_UNIT; ++j) {
-            const int row = min(unit * PER_UNIT + j, n_out - 1);
-            if (EPILOGUE == EPI_ADD || EPILOGUE == EPI_GATE) prefetch_l1(y + row);
-            if (BIAS) prefetch_l1(bias + row);
-            if (BIAS && EPILOGUE == EPI_SILU) prefetch_l1(bias + n_out + row);
-        }
-    }
     __device__ __forceinline__ void end() {
         if (ARGMAX && best != 0ull && best > *(volatile unsigned long long*)amax) atomicMax(amax, best);
     }
@@ -134,29 +114,7 @@ struct RopeEpilogue {
             rp[j + PER_UNIT] = w + (row + HALF_DIM) * row_bytes;
         }
     }
-    __device__ __forceinline__ void early() {
-        // EPI_PREFETCH, before the PDL wait: the position is the previous step's (every kernel since then has waited
-        // for the one before it), read from L2 as attention reads it; and its rows of cos and sin into L1, a lane
-        // per line
-        if (!EPI_PREFETCH) return;
-        pos = min(max(__ldcg(&st->pos), 0), max_ctx - 1);
-        constexpr int LINES = (HALF_DIM + 31) / 32;
-        const int lane = threadIdx.x & 31;
-        if (lane < 2 * LINES) prefetch_l1((lane < LINES ? cos_t : sin_t) + (size_t)pos * HALF_DIM + 32 * (lane % LINES));
-    }
-    __device__ __forceinline__ void begin() {
-        if (!EPI_PREFETCH) pos = min(max(ld_state_pos(st), 0), max_ctx - 1);
-    }
-    __device__ __forceinline__ void prefetch(int unit) const {
-        if (!EPI_PREFETCH || !BIAS) return;
-#pragma unroll
-        for (int j = 0; j < PER_UNIT; ++j) {
-            const int p = unit * PER_UNIT + j;
-            const int r0 = (head0 + p / HALF_DIM) * HEAD_DIM + p % HALF_DIM;
-            prefetch_l1(bias + r0);
-            prefetch_l1(bias + r0 + HALF_DIM);
-        }
-    }
+    __device__ __forceinline__ void begin() { pos = min(max(ld_state_pos(st), 0), max_ctx - 1); }
     __device__ __forceinline__ void end() {}
     __device__ __forceinline__ void operator()(int unit, const float (&acc)[ROWS]) {
 #pragma unroll
