@@ -1,7 +1,8 @@
 """Where ptxas puts loads around the PDL wait (kernels/sass.py): no load of what the step writes may run
 ahead of `griddepcontrol.wait`, in any declared build, with the next kernel let in after the wait or, for the
 launches that may do so (Tuning.trigger_first), before it. A non-coherent load (`ld.global.nc`) is one that
-ptxas moves across the wait; only the weight stream may use it there."""
+ptxas moves across the wait; only the weight stream may use it there. Also from the machine code: the sampler's
+hand-out of its merged records uses strong stores."""
 
 from __future__ import annotations
 
@@ -92,3 +93,24 @@ def test_the_listing_is_read_by_function_and_block():
     assert set(sass.functions(listing)) == {"k", "j"}
     # the coherent and the weight-stream loads pass; past a branch is another block
     assert sass.loads_ahead_of_wait(listing) == [sass.EarlyLoad("k", "LDG.E.128.CONSTANT R4, desc[UR4][R2.64]")]
+
+
+def _ops(listing: str) -> list[str]:
+    """The opcodes of a listing, predicates dropped."""
+    ops = []
+    for line in listing.splitlines():
+        m = sass._INSTRUCTION.search(line)
+        if m and m.group(1):
+            ops.append(m.group(1).split()[0] if not m.group(1).startswith("@") else m.group(1).split()[1])
+    return ops
+
+
+@pytest.mark.parametrize("defines", declared_defines("sample.cu"))
+def test_the_samplers_tagged_words_are_stored_strong(disassembler, defines):
+    """Other blocks poll the overall records' tagged z words with relaxed GPU-scope loads while the merging
+    block stores them: a weak store there would race with those loads. Every store site (st_tagged) must
+    compile to a strong 64-bit store at GPU scope."""
+    sites = (compiler.KERNELS_DIR / "sample.cu").read_text().count("st_tagged(work")
+    ops = _ops(sass.disassemble(compile_kernel("sample.cu", defines=defines, arch=ARCH).cubin))
+    assert sites >= 3
+    assert ops.count("STG.E.64.STRONG.GPU") >= sites, sorted(set(o for o in ops if o.startswith("STG")))
