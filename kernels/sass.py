@@ -88,6 +88,20 @@ def loads_ahead_of_wait(sass: str) -> list[EarlyLoad]:
     return found
 
 
+def opcodes(sass: str) -> list[str]:
+    """Every instruction's opcode with its modifiers (e.g. `STG.E.64.STRONG.GPU`), predicates dropped, in
+    listing order."""
+    out = []
+    for line in sass.splitlines():
+        m = _INSTRUCTION.search(line)
+        words = m.group(1).split() if m else []
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        if words:
+            out.append(words[0])
+    return out
+
+
 def waits(sass: str) -> int:
     """PDL waits in the listing."""
     return sum("ACQBULK" in line for line in sass.splitlines())

@@ -93,16 +93,8 @@ def test_the_listing_is_read_by_function_and_block():
     assert set(sass.functions(listing)) == {"k", "j"}
     # the coherent and the weight-stream loads pass; past a branch is another block
     assert sass.loads_ahead_of_wait(listing) == [sass.EarlyLoad("k", "LDG.E.128.CONSTANT R4, desc[UR4][R2.64]")]
-
-
-def _ops(listing: str) -> list[str]:
-    """The opcodes of a listing, predicates dropped."""
-    ops = []
-    for line in listing.splitlines():
-        m = sass._INSTRUCTION.search(line)
-        if m and m.group(1):
-            ops.append(m.group(1).split()[0] if not m.group(1).startswith("@") else m.group(1).split()[1])
-    return ops
+    assert sass.opcodes(listing) == ["LDG.E.128.CONSTANT", "LDG.E.NA.128.CONSTANT", "LDG.E.128", "ACQBULK",
+                                     "LDG.E.CONSTANT", "BRA", "ACQBULK", "ACQBULK"]
 
 
 @pytest.mark.parametrize("defines", declared_defines("sample.cu"))
@@ -111,6 +103,6 @@ def test_the_samplers_tagged_words_are_stored_strong(disassembler, defines):
     block stores them: a weak store there would race with those loads. Every store site (st_tagged) must
     compile to a strong 64-bit store at GPU scope."""
     sites = (compiler.KERNELS_DIR / "sample.cu").read_text().count("st_tagged(work")
-    ops = _ops(sass.disassemble(compile_kernel("sample.cu", defines=defines, arch=ARCH).cubin))
+    ops = sass.opcodes(sass.disassemble(compile_kernel("sample.cu", defines=defines, arch=ARCH).cubin))
     assert sites >= 3
     assert ops.count("STG.E.64.STRONG.GPU") >= sites, sorted(set(o for o in ops if o.startswith("STG")))
