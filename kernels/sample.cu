@@ -138,8 +138,10 @@ __device__ __forceinline__ unsigned long long warp_best(unsigned long long k, un
 // one warp: the records over its lanes' (zk, rk) pairs (zk 0: no entry; rk 0: not a candidate): the
 // largest rk, then the largest rk with zk above the last record's, until none is left or MAX_RECORDS
 // are found. Lane 0 writes them to out_k / out_z (zk ascending) every `stride` words; returns their count
-// on every lane.
-template <int N>
+// on every lane. SORTED: each lane's entries are slices of record lists, zk ascending and so rk descending
+// (entries with zk 0 anywhere, and none with rk 0 otherwise), so a lane's best above `low` is its first
+// entry above it: one compare and a select per entry, no key compare.
+template <int N, bool SORTED = false>
 __device__ __forceinline__ int warp_records(const unsigned (&zk)[N], const unsigned long long (&rk)[N],
                                             unsigned long long* out_k, unsigned* out_z, int stride) {
     unsigned low = 0;
@@ -147,11 +149,21 @@ __device__ __forceinline__ int warp_records(const unsigned (&zk)[N], const unsig
     for (; n < MAX_RECORDS; ++n) {
         unsigned long long k = 0;
         unsigned z = 0;
+        if constexpr (SORTED) {
 #pragma unroll
-        for (int e = 0; e < N; ++e) {
-            if (zk[e] > low && rk[e] > k) {
-                k = rk[e];
-                z = zk[e];
+            for (int e = N - 1; e >= 0; --e) {
+                if (zk[e] > low) {
+                    k = rk[e];
+                    z = zk[e];
+                }
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < N; ++e) {
+                if (zk[e] > low && rk[e] > k) {
+                    k = rk[e];
+                    z = zk[e];
+                }
             }
         }
         k = warp_best(k, z);
@@ -238,7 +250,7 @@ __device__ __forceinline__ int gather_records(Len len, Entry entry, unsigned lon
         rk[i] = 0;
         if (j < cnt) entry(b, j, rk[i], zk[i]);
     }
-    return warp_records<N>(zk, rk, out_k, out_z, stride);
+    return warp_records<N, true>(zk, rk, out_k, out_z, stride);
 }
 
 // warp 0: the records over LISTS per-warp lists (list b: n[b] entries k[j][b], z[j][b]) into out_k / out_z,
@@ -263,12 +275,13 @@ __device__ __forceinline__ int merge_warp_lists(const int* n, const unsigned lon
 // (the last range takes what is above the last cut). An entry is a record iff no entry with a z key as
 // large has a larger key; those above its range count only through their largest key, so a range's
 // records are the records of its entries with a key above that (warp_records over the gathered lists).
-// Each warp stages its range's records, and after a barrier they are emitted in range order:
-// emit(place, k, z) for the first MAX_RECORDS. Returns their count on every thread.
-template <int LISTS, int N, class Emit>
-__device__ __forceinline__ int range_records(const int* n, const unsigned long long (*k)[BLOCK_WARPS],
-                                             const unsigned (*z)[BLOCK_WARPS], unsigned long long (*stage_k)[MAX_RECORDS],
-                                             unsigned (*stage_z)[MAX_RECORDS], int* stage_n, Emit emit) {
+// Each warp stages its range's records in stage_k / stage_z, their count in stage_n; returns the number
+// of ranges on every thread, after a barrier. Not inlined: the block's own merge and the merging block's
+// second level run this one copy of the code, so the second level finds it in the instruction cache.
+template <int LISTS, int N>
+__device__ __noinline__ int range_race(const int* n, const unsigned long long (*k)[BLOCK_WARPS],
+                                       const unsigned (*z)[BLOCK_WARPS], unsigned long long (*stage_k)[MAX_RECORDS],
+                                       unsigned (*stage_z)[MAX_RECORDS], int* stage_n) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ranges = min(n[0], BLOCK_WARPS - 1) + 1;
     if (warp < ranges) {
@@ -298,10 +311,21 @@ __device__ __forceinline__ int range_records(const int* n, const unsigned long l
 #pragma unroll
         for (int i = 0; i < N; ++i)
             if (zk[i] < lo || (!last && zk[i] >= hi) || rk[i] <= above) zk[i] = 0;  // not a candidate here
-        const int c = warp_records<N>(zk, rk, stage_k[warp], stage_z[warp], 1);
+        const int c = warp_records<N, true>(zk, rk, stage_k[warp], stage_z[warp], 1);
         if (lane == 0) stage_n[warp] = c;
     }
     __syncthreads();
+    return ranges;
+}
+
+// range_race, then the ranges' records emitted in range order: emit(place, k, z) for the first MAX_RECORDS.
+// Returns their count on every thread.
+template <int LISTS, int N, class Emit>
+__device__ __forceinline__ int range_records(const int* n, const unsigned long long (*k)[BLOCK_WARPS],
+                                             const unsigned (*z)[BLOCK_WARPS], unsigned long long (*stage_k)[MAX_RECORDS],
+                                             unsigned (*stage_z)[MAX_RECORDS], int* stage_n, Emit emit) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int ranges = range_race<LISTS, N>(n, k, z, stage_k, stage_z, stage_n);
     int at = 0, total = 0;
     for (int r = 0; r < ranges; ++r) {
         const int c = stage_n[r];
@@ -658,17 +682,20 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
 #pragma unroll
                 for (int g = 0; g < MERGE_GROUPS; ++g) most = max(most, warp_n[g]);
                 if (MERGE_GROUPS > 1 && most <= Gather<MERGE_GROUPS, 12>::CAP) {
-                    // a warp per z range
-                    const int n = range_records<MERGE_GROUPS, 12>(warp_n, per_warp.rec.k, per_warp.rec.z, lists.stage.k,
-                                                                  lists.stage.z, stage_n,
-                                                                  [&](int j, unsigned long long k, unsigned z) {
-                                                                      rec_k[j] = k;
-                                                                      rec_z[j] = z;
-                                                                      if (!direct) {
-                                                                          work[W_REC + 2 * j] = k;
-                                                                          st_tagged(work + W_REC + 2 * j + 1, launch_no, z);
-                                                                      }
-                                                                  });
+                    // a warp per z range; lists that fit 8 entries a lane take the block merge's code (range_race<16, 8>)
+                    const auto publish = [&](int j, unsigned long long k, unsigned z) {
+                        rec_k[j] = k;
+                        rec_z[j] = z;
+                        if (!direct) {
+                            work[W_REC + 2 * j] = k;
+                            st_tagged(work + W_REC + 2 * j + 1, launch_no, z);
+                        }
+                    };
+                    const int n = most <= Gather<MERGE_GROUPS, 8>::CAP
+                        ? range_records<MERGE_GROUPS, 8>(warp_n, per_warp.rec.k, per_warp.rec.z, lists.stage.k, lists.stage.z,
+                                                         stage_n, publish)
+                        : range_records<MERGE_GROUPS, 12>(warp_n, per_warp.rec.k, per_warp.rec.z, lists.stage.k, lists.stage.z,
+                                                          stage_n, publish);
                     if (!direct && tid >= n && tid < MAX_RECORDS) st_tagged(work + W_REC + 2 * tid + 1, launch_no, 0u);
                     __syncthreads();
                     if (tid == 0) n_shared = n;

@@ -106,3 +106,15 @@ def test_the_samplers_tagged_words_are_stored_strong(disassembler, defines):
     ops = sass.opcodes(sass.disassemble(compile_kernel("sample.cu", defines=defines, arch=ARCH).cubin))
     assert sites >= 3
     assert ops.count("STG.E.64.STRONG.GPU") >= sites, sorted(set(o for o in ops if o.startswith("STG")))
+
+
+@pytest.mark.parametrize("defines", compiler.declared_defines("sample.cu"), ids=lambda d: d["BLOCKS"])
+def test_the_merges_second_level_runs_the_block_merges_code(disassembler, defines):
+    """The merging block's second level reaches range_race<16, 8> through the same call as every block's own
+    merge a few microseconds before, so it runs code already in that SM's instruction cache. An inlined copy
+    there would be fetched cold."""
+    listing = sass.disassemble(compile_kernel("sample.cu", defines=defines, arch=ARCH).cubin)
+    calls = [line.split("`(")[1].rstrip(") ;").strip() for line in listing.splitlines()
+             if "CALL" in line and "range_race" in line]
+    shared = [c for c in calls if "range_raceILi16ELi8E" in c]
+    assert len(shared) == 2 and len(set(shared)) == 1, calls
