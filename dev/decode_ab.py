@@ -51,11 +51,6 @@ VARIANTS = {
     "balance 2": Tuning(gemv=GemvTuning(balance=2)),
     "late k<=4096": Tuning(gemv=GemvTuning(late_kmax=4096)),
     "w16 mb1 late": Tuning(gemv=GemvTuning(warps=16, min_blocks=1, late_kmax=4096)),
-    # the split over K: aimed at fewer units in flight per SM (none for the 8B's o_proj and down), and the warps
-    # of a unit meeting at a barrier of their own
-    **{f"target {t}": Tuning(gemv=GemvTuning(warp_target=t)) for t in (16, 24, 32)},
-    "group bar": Tuning(gemv=GemvTuning(group_bar=True)),
-    "target 16 group bar": Tuning(gemv=GemvTuning(warp_target=16, group_bar=True)),
     "o whole": Tuning(gemv=GemvTuning(o_whole=True)),
     "o split": Tuning(gemv=GemvTuning(o_whole=False)),
     # the launches of these kinds let the next kernel launch before their own PDL wait (the GEMVs where their

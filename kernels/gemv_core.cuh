@@ -42,9 +42,6 @@
 #ifndef EARLY_BATCH
 #define EARLY_BATCH 1  // the first batch of weights is loaded before the PDL wait
 #endif
-#ifndef GROUP_BAR
-#define GROUP_BAR 0  // SPLIT_K > 1: the warps of a unit meet at a barrier of their own, not the block's
-#endif
 
 constexpr int GROUPS = WARPS / SPLIT_K;  // units a block streams at once
 constexpr int CHUNKS = Fmt::CHUNKS;
@@ -293,10 +290,7 @@ __device__ __forceinline__ void stream_rows(const unsigned char* __restrict__ w,
                 for (int r = 0; r < ROWS; ++r) rb[warp][r] = acc[r];
                 rb[warp][ROWS] = ss;
             }
-            if (GROUP_BAR)
-                asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(SPLIT_K * 32) : "memory");
-            else
-                __syncthreads();
+            __syncthreads();
             if (part == 0) {
 #pragma unroll
                 for (int p = 1; p < SPLIT_K; ++p) {

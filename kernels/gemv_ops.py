@@ -87,7 +87,7 @@ def split_k(units: int, chunks: int, quant: bool, tuning: GemvTuning, sms: int |
         while s < tuning.warps and units * s < tuning.quant_units_per_sm * sms and chunks // (64 * s) >= 1:
             s *= 2
     else:
-        while s < tuning.warps and units * s < tuning.warp_target * sms and chunks // (64 * s) >= 4:
+        while s < tuning.warps and units * s < WARP_TARGET * sms and chunks // (64 * s) >= 4:
             s *= 2
         if tuning.balance:
             s = _balanced(units, chunks, s, tuning, sms)
@@ -210,13 +210,12 @@ def _quant_defines(w, k: int, tuning: GemvTuning, smem: int) -> dict:
     """How a block format reads x: int8 (XQ) or fp32 from shared memory (X_SMEM); and whether the first
     batch of weights is loaded before the PDL wait (EARLY_BATCH; GemvTuning.late_kmax for bf16, else
     quant_late_formats and quant_late_kmax)."""
-    bar = {"GROUP_BAR": 1} if tuning.group_bar else {}
     if not is_quant(w):
-        return {"X_SMEM": 0, **bar, **({"EARLY_BATCH": 0} if k <= tuning.late_kmax else {})}
+        return {"X_SMEM": 0, **({"EARLY_BATCH": 0} if k <= tuning.late_kmax else {})}
     late = fmt_of(w.fmt).name in tuning.quant_late_formats and tuning.quant_min_blocks == 1 and \
         k <= tuning.quant_late_kmax
     early = {"EARLY_BATCH": 0} if late else {}
-    return {"XQ": 1, **bar, **early} if tuning.quant_int8_x else {"X_SMEM": int(smem > 0), **bar, **early}
+    return {"XQ": 1, **early} if tuning.quant_int8_x else {"X_SMEM": int(smem > 0), **early}
 
 
 def _late(late_wait: bool) -> dict:

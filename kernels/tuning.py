@@ -14,8 +14,6 @@ class GemvTuning:
     # bf16: split K further where that fills the last pass over the resident warps better (gemv_ops._balanced);
     # 0: off, 1: only matrices with a unit for every warp, 2: all
     balance: int = 1
-    warp_target: int = 48  # bf16: units in flight per SM (warps times their split over K) that the split aims for
-    group_bar: bool = False  # split over K: the warps of a unit meet at a barrier of their own (else the block's)
     late_kmax: int = 0  # bf16 rows of at most this many weights load their first batch after the PDL wait
     # o_proj follows attention, whose few blocks leave most SMs free at short contexts: there one warp per row
     # (no split over K) where every row's weights then fit the warps' first batch, all loaded before the PDL wait

@@ -110,26 +110,6 @@ def test_gemv_whole_rows_before_the_wait(cp, rng, n_out, k):
     check(cp, case, lambda x, g, b, y, amax: ops.gemv(w, x, y, n_out, k, bias=b, epi=EPI_ADD, whole=True), FP32_TOL)
 
 
-@pytest.mark.parametrize("blocks", [None, 3])
-@pytest.mark.parametrize("n_out,k,epi,norm,bias,splitk", [(1152, 896, EPI_STORE, True, True, 2),
-                                                          (4096, 4096, EPI_ADD, False, False, 4),
-                                                          (77, 4096, EPI_GATE, True, False, 2),
-                                                          (4096, 14336, EPI_ADD, False, True, 8)])
-def test_gemv_split_warps_meet_at_their_own_barrier(cp, rng, n_out, k, epi, norm, bias, splitk, blocks):
-    # GemvTuning.group_bar: the warps sharing a unit sync among themselves; on 3 blocks each group streams many
-    # units, so a warp refills its reduction slot while other groups of the block are still on earlier units
-    from kernels import ops
-
-    rows = 2 * n_out if epi == EPI_SILU else n_out
-    wb, wf = bf16(rng.standard_normal((rows, k)) / math.sqrt(k))
-    case = GemvCase(rng, wf, n_out, epi, norm, bias)
-    w = cp.asarray(wb)
-    tuning = GemvTuning(group_bar=True)
-    check(cp, case, lambda x, g, b, y, amax: ops.gemv(w, x, y, n_out, k, gamma=g, bias=b, epi=epi, eps=case.eps,
-                                                       amax=amax, splitk=splitk, blocks=blocks, tuning=tuning),
-          FP32_TOL)
-
-
 ROWS_CASES = [(1001, 896, True, True), (4099, 576, True, False), (50001, 64, False, True), (151936, 896, True, False),
               (3, 1024, True, True)]
 
@@ -166,14 +146,12 @@ GEMV_ROPE_CASES = [  # nh, nkv, hd, k, bias, splitk
 
 
 @pytest.mark.parametrize("blocks", [None, 5])
-@pytest.mark.parametrize("warps,minb,group_bar", [(8, 2, False), (4, 4, False), (8, 2, True)])
+@pytest.mark.parametrize("warps,minb", [(8, 2), (4, 4)])
 @pytest.mark.parametrize("nh,nkv,hd,k,bias,splitk", GEMV_ROPE_CASES)
-def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, group_bar, blocks):
+def test_gemv_rope(cp, rng, nh, nkv, hd, k, bias, splitk, warps, minb, blocks):
     from kernels import ops
 
-    if group_bar and splitk == 1:
-        pytest.skip("one warp per unit: no barrier")
-    tuning = GemvTuning(warps=warps, min_blocks=minb, group_bar=group_bar)
+    tuning = GemvTuning(warps=warps, min_blocks=minb)
 
     n = (nh + 2 * nkv) * hd
     ctx, eps = 200, 1e-5
