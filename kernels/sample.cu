@@ -338,97 +338,6 @@ __device__ __forceinline__ int range_records(const int* n, const unsigned long l
     return min(total, MAX_RECORDS);
 }
 
-// entries of list b (n of them, z keys ascending in z[j][b]) below `bound`, by bisection
-template <int C>
-__device__ __forceinline__ int count_below(const unsigned (*z)[C], int b, int n, unsigned bound) {
-    int pos = 0;
-#pragma unroll
-    for (int step = PRELOAD; step; step >>= 1)
-        if (pos + step <= n && z[pos + step - 1][b] < bound) pos += step;
-    return pos;
-}
-
-// the merging block, when every block's list fits the pool (PRELOAD entries): the overall records in one level.
-// Block 0's records cut the z axis into ranges, a warp per range, as in range_race. Lane l takes lists l, l + 32,
-// ...: bisection finds each list's run inside the range and its first entry above it (the largest key above
-// the range from that list, as keys fall while z keys rise); the warp then races the runs' heads, a lane's best
-// being the largest key among its heads above the last record, and moves a head only past that record. Each
-// warp stages its range's records in column `warp` of stage_k / stage_z; emit(place, k, z) then takes the
-// first MAX_RECORDS in range order. Returns their count on every thread.
-template <class Emit>
-__device__ __forceinline__ int pool_records(const int* pool_n, const unsigned long long (*pool_k)[BLOCKS],
-                                            const unsigned (*pool_z)[BLOCKS], unsigned long long (*stage_k)[BLOCK_WARPS],
-                                            unsigned (*stage_z)[BLOCK_WARPS], int* stage_n, Emit emit) {
-    constexpr int T = (BLOCKS + 31) / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ranges = min(pool_n[0], BLOCK_WARPS - 1) + 1;
-    if (warp < ranges) {
-        const unsigned lo = warp ? pool_z[warp - 1][0] : 0u;
-        const bool last = warp == ranges - 1;
-        const unsigned hi = last ? 0u : pool_z[warp][0];
-        int at[T], end[T];
-        unsigned long long hk[T], above = 0;
-        unsigned hz[T];
-#pragma unroll
-        for (int t = 0; t < T; ++t) {
-            const int b = lane + 32 * t;
-            const int n = b < BLOCKS ? pool_n[b] : 0;
-            at[t] = count_below(pool_z, b, n, lo);
-            end[t] = last ? n : count_below(pool_z, b, n, hi);
-            if (end[t] < n) above = max(above, pool_k[end[t]][b]);
-            hk[t] = 0;
-            hz[t] = 0;
-            if (at[t] < end[t]) {
-                hk[t] = pool_k[at[t]][b];
-                hz[t] = pool_z[at[t]][b];
-            }
-        }
-        {
-            unsigned dummy = 0;
-            above = warp_best(above, dummy);
-        }
-        // a record here has a key above every entry above the range
-        unsigned low = 0;
-        int n = 0;
-        for (; n < MAX_RECORDS; ++n) {
-            unsigned long long k = above;
-            unsigned z = 0;
-#pragma unroll
-            for (int t = 0; t < T; ++t) {
-                while (at[t] < end[t] && hz[t] <= low) {
-                    if (++at[t] < end[t]) {
-                        hk[t] = pool_k[at[t]][lane + 32 * t];
-                        hz[t] = pool_z[at[t]][lane + 32 * t];
-                    }
-                }
-                if (at[t] < end[t] && hk[t] > k) {
-                    k = hk[t];
-                    z = hz[t];
-                }
-            }
-            k = warp_best(k, z);
-            if (k == above) break;
-            if (lane == 0) {
-                stage_k[n][warp] = k;
-                stage_z[n][warp] = z;
-            }
-            low = z;
-        }
-        if (lane == 0) stage_n[warp] = n;
-    }
-    __syncthreads();
-    int at = 0, total = 0;
-    for (int r = 0; r < ranges; ++r) {
-        const int c = stage_n[r];
-        at += r < warp ? c : 0;
-        total += c;
-    }
-    if (warp < ranges) {
-        for (int j = lane; j < stage_n[warp] && at + j < MAX_RECORDS; j += 32) emit(at + j, stage_k[j][warp], stage_z[j][warp]);
-    }
-    return min(total, MAX_RECORDS);
-}
-
 // warp g of the merging block: the records over the lists of blocks g, g + MERGE_GROUPS, ... (count pool_n[b],
 // the first PRELOAD entries in pool_k / pool_z, with LONGER the rest in the scratch) into column g of
 // group_k / group_z, or into out_k / out_z when there is one group
@@ -760,57 +669,49 @@ sample(const float* __restrict__ logits, unsigned long long* amax, DecodeState* 
                 }
                 longer = __syncthreads_or(longer);
                 MARK(9, true)
-                const auto publish = [&](int j, unsigned long long k, unsigned z) {
-                    rec_k[j] = k;
-                    rec_z[j] = z;
-                    if (!direct) {
-                        work[W_REC + 2 * j] = k;
-                        st_tagged(work + W_REC + 2 * j + 1, launch_no, z);
-                    }
-                };
-                if (!longer) {
-                    // every list in the pool: one level, a warp per z range over all of them
-                    MARK(10, true)
-                    const int n = pool_records(pool_n, pool_k, pool_z, per_warp.rec.k, per_warp.rec.z, stage_n, publish);
+                // warp g < MERGE_GROUPS merges the lists of blocks g, g + MERGE_GROUPS, ..., then warp 0 merges
+                // the groups' lists (with one group, warp 0 merges every block's list at once)
+                if (warp < MERGE_GROUPS) {
+                    const int n = longer ? merge_group<true>(pool_n, pool_k, pool_z, work, rec_k, rec_z, per_warp.rec.k, per_warp.rec.z)
+                                         : merge_group<false>(pool_n, pool_k, pool_z, work, rec_k, rec_z, per_warp.rec.k, per_warp.rec.z);
+                    if (lane == 0) warp_n[warp] = n;
+                }
+                if (MERGE_GROUPS > 1) __syncthreads();
+                MARK(10, true)
+                int most = 0;
+#pragma unroll
+                for (int g = 0; g < MERGE_GROUPS; ++g) most = max(most, warp_n[g]);
+                if (MERGE_GROUPS > 1 && most <= Gather<MERGE_GROUPS, 12>::CAP) {
+                    // a warp per z range; lists that fit 8 entries a lane take the block merge's code (range_race<16, 8>)
+                    const auto publish = [&](int j, unsigned long long k, unsigned z) {
+                        rec_k[j] = k;
+                        rec_z[j] = z;
+                        if (!direct) {
+                            work[W_REC + 2 * j] = k;
+                            st_tagged(work + W_REC + 2 * j + 1, launch_no, z);
+                        }
+                    };
+                    const int n = most <= Gather<MERGE_GROUPS, 8>::CAP
+                        ? range_records<MERGE_GROUPS, 8>(warp_n, per_warp.rec.k, per_warp.rec.z, lists.stage.k, lists.stage.z,
+                                                         stage_n, publish)
+                        : range_records<MERGE_GROUPS, 12>(warp_n, per_warp.rec.k, per_warp.rec.z, lists.stage.k, lists.stage.z,
+                                                          stage_n, publish);
                     if (!direct && tid >= n && tid < MAX_RECORDS) st_tagged(work + W_REC + 2 * tid + 1, launch_no, 0u);
                     __syncthreads();
                     if (tid == 0) n_shared = n;
                     MARK(11, !direct)
-                } else {
-                    // warp g < MERGE_GROUPS merges the lists of blocks g, g + MERGE_GROUPS, ..., then a warp per z range
-                    // (or warp 0) merges the groups' lists (with one group, warp 0 merges every block's list at once)
-                    if (warp < MERGE_GROUPS) {
-                        const int n = merge_group<true>(pool_n, pool_k, pool_z, work, rec_k, rec_z, per_warp.rec.k, per_warp.rec.z);
-                        if (lane == 0) warp_n[warp] = n;
-                    }
-                    if (MERGE_GROUPS > 1) __syncthreads();
-                    MARK(10, true)
-                    int most = 0;
-#pragma unroll
-                    for (int g = 0; g < MERGE_GROUPS; ++g) most = max(most, warp_n[g]);
-                    if (MERGE_GROUPS > 1 && most <= Gather<MERGE_GROUPS, 12>::CAP) {
-                        const int n = most <= Gather<MERGE_GROUPS, 8>::CAP
-                            ? range_records<MERGE_GROUPS, 8>(warp_n, per_warp.rec.k, per_warp.rec.z, lists.stage.k,
-                                                             lists.stage.z, stage_n, publish)
-                            : range_records<MERGE_GROUPS, 12>(warp_n, per_warp.rec.k, per_warp.rec.z, lists.stage.k,
-                                                              lists.stage.z, stage_n, publish);
-                        if (!direct && tid >= n && tid < MAX_RECORDS) st_tagged(work + W_REC + 2 * tid + 1, launch_no, 0u);
-                        __syncthreads();
-                        if (tid == 0) n_shared = n;
-                        MARK(11, !direct)
-                    } else if (warp == 0) {
-                        const int n = MERGE_GROUPS > 1
-                            ? merge_warp_lists<MERGE_GROUPS, 12>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z)
-                            : warp_n[0];
-                        if (lane == 0) n_shared = n;
-                        if (!direct) {
-                            __syncwarp();
-                            for (int j = lane; j < MAX_RECORDS; j += 32) {
-                                if (j < n) work[W_REC + 2 * j] = rec_k[j];
-                                st_tagged(work + W_REC + 2 * j + 1, launch_no, j < n ? rec_z[j] : 0u);
-                            }
-                            MARK(11, true)
+                } else if (warp == 0) {
+                    const int n = MERGE_GROUPS > 1
+                        ? merge_warp_lists<MERGE_GROUPS, 12>(warp_n, per_warp.rec.k, per_warp.rec.z, rec_k, rec_z)
+                        : warp_n[0];
+                    if (lane == 0) n_shared = n;
+                    if (!direct) {
+                        __syncwarp();
+                        for (int j = lane; j < MAX_RECORDS; j += 32) {
+                            if (j < n) work[W_REC + 2 * j] = rec_k[j];
+                            st_tagged(work + W_REC + 2 * j + 1, launch_no, j < n ? rec_z[j] : 0u);
                         }
+                        MARK(11, true)
                     }
                 }
                 __syncthreads();
