@@ -51,8 +51,6 @@ VARIANTS = {
     "balance 2": Tuning(gemv=GemvTuning(balance=2)),
     "late k<=4096": Tuning(gemv=GemvTuning(late_kmax=4096)),
     "w16 mb1 late": Tuning(gemv=GemvTuning(warps=16, min_blocks=1, late_kmax=4096)),
-    # no split over K for long rows whose units fill the passes (an 8B's and a 1B's down)
-    **{f"long unsplit {c}": Tuning(gemv=GemvTuning(long_unsplit=c)) for c in (32,)},
     "o whole": Tuning(gemv=GemvTuning(o_whole=True)),
     "o split": Tuning(gemv=GemvTuning(o_whole=False)),
     # the launches of these kinds let the next kernel launch before their own PDL wait (the GEMVs where their

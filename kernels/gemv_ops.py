@@ -87,10 +87,6 @@ def split_k(units: int, chunks: int, quant: bool, tuning: GemvTuning, sms: int |
         while s < tuning.warps and units * s < tuning.quant_units_per_sm * sms and chunks // (64 * s) >= 1:
             s *= 2
     else:
-        slots = tuning.warps * tuning.min_blocks * sms
-        if tuning.long_unsplit and chunks >= 32 * tuning.long_unsplit and \
-                units / (math.ceil(units / slots) * slots) >= 0.9:
-            return 1
         while s < tuning.warps and units * s < WARP_TARGET * sms and chunks // (64 * s) >= 4:
             s *= 2
         if tuning.balance:

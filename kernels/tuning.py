@@ -14,9 +14,6 @@ class GemvTuning:
     # bf16: split K further where that fills the last pass over the resident warps better (gemv_ops._balanced);
     # 0: off, 1: only matrices with a unit for every warp, 2: all
     balance: int = 1
-    # bf16: no split over K for rows of at least this many chunks per lane whose units fill the passes over the
-    # resident warps to 90% (0: off)
-    long_unsplit: int = 0
     late_kmax: int = 0  # bf16 rows of at most this many weights load their first batch after the PDL wait
     # o_proj follows attention, whose few blocks leave most SMs free at short contexts: there one warp per row
     # (no split over K) where every row's weights then fit the warps' first batch, all loaded before the PDL wait
