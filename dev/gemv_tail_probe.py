@@ -40,6 +40,19 @@ def defines_of(module: Module) -> dict[str, str]:
     return dict(o[2:].split("=", 1) for o in module.compiled.options if o.startswith("-D"))
 
 
+def step_at(name: str, depth: int):
+    """(backend with random weights and K/V, the step's launches) for a named shape at `depth` cached rows."""
+    cfg = named_shape(name)
+    backend = CudaBackend(cfg, None, max_context=depth + B.TG_TOKENS + B.WARMUP + 1)
+    B.fill_cache(backend)
+    B.fill_depth(backend, depth)
+    return backend, step_launches(cfg, backend.weights, backend.bufs, Tuning())
+
+
+def is_bf16_gemv(launch: Launch) -> bool:
+    return Path(launch.kernel.module.compiled.source).name == "gemv.cu"
+
+
 def probed(launch: Launch, times) -> Launch | None:
     """The probe build of a bf16 GEMV launch, writing block times to `times`; None where it cannot be built."""
     rope = launch.kernel.name == "gemv_rope"
@@ -60,16 +73,12 @@ def main(argv):
     copy_gbs = copy_bandwidth(4 << 30, 10)
     print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
     for name in shapes:
-        cfg = named_shape(name)
-        backend = CudaBackend(cfg, None, max_context=depth + B.TG_TOKENS + B.WARMUP + 1)
-        B.fill_cache(backend)
-        B.fill_depth(backend, depth)
+        backend, launches = step_at(name, depth)
         s = backend.stream
-        launches = step_launches(cfg, backend.weights, backend.bufs, Tuning())
         probes = {}  # index in the step: (kind, times, weight bytes)
         skipped = set()
         for i, launch in enumerate(launches):
-            if Path(launch.kernel.module.compiled.source).name != "gemv.cu":
+            if not is_bf16_gemv(launch):
                 continue
             times = cp.zeros(2 * launch.grid[0], cp.uint64)
             p = probed(launch, times)
