@@ -60,6 +60,19 @@ def logits_after(backend, graph, depth: int, steps: int) -> np.ndarray:
     return backend.bufs.logits.get().view(np.uint32)
 
 
+def time_in_turn(label: str, backend, graphs: dict, depth: int, rounds: int, copy_gbs: float) -> None:
+    """Each graph timed in turn (64 replays, median of 4), round after round; tok/s, share of the copy bandwidth,
+    and the change against the first graph of the round."""
+    nbytes = B.step_bytes(backend, depth + 1)
+    for _ in range(rounds):
+        base = None
+        for v, g in graphs.items():
+            ms = replay_ms(backend, g, depth)
+            base = base or ms
+            print(f"{label} {v:<8} {1e3 * ms:8.1f} us/step {1 / ms * 1e3:8.1f} tok/s "
+                  f"{100 * nbytes / ms / 1e6 / copy_gbs:5.1f}% copy {100 * (base / ms - 1):+6.2f}%", flush=True)
+
+
 def main(argv):
     opts = {a: argv[i + 1] for i, a in enumerate(argv) if a in ("--tails", "--depth", "--rounds")}
     tails = [int(t) for t in opts.get("--tails", "1,2").split(",")]
@@ -85,14 +98,7 @@ def main(argv):
                 failed |= not same
                 print(f"{name} {v:<8} logits after {k} step(s): {'same bits' if same else 'DIFFER'} "
                       f"({int((got != want[k]).sum())} of {got.size} differ)", flush=True)
-        nbytes = B.step_bytes(backend, depth + 1)
-        for _ in range(rounds):
-            base = None
-            for v, g in graphs.items():
-                ms = replay_ms(backend, g, depth)
-                base = base or ms
-                print(f"{name} d={depth} {v:<8} {1e3 * ms:8.1f} us/step {1 / ms * 1e3:8.1f} tok/s "
-                      f"{100 * nbytes / ms / 1e6 / copy_gbs:5.1f}% copy {100 * (base / ms - 1):+6.2f}%", flush=True)
+        time_in_turn(f"{name} d={depth}", backend, graphs, depth, rounds, copy_gbs)
         del backend, graphs
     return 1 if failed else 0
 

@@ -1,6 +1,7 @@
-"""The lab's GEMV copies build beside the kernels they copy: dev/gemv_tail_probe.cu and dev/gemv_tickets.cu are
+"""The lab's kernel copies build beside the kernels they copy: dev/gemv_tail_probe.cu and dev/gemv_tickets.cu are
 kernels/gemv.cu's streaming loop and epilogues with block times added, or with the last passes handed out from a
-counter, so a change there that they no longer compile with shows here, not on a device."""
+counter, and dev/attn_oproj.cu includes attention.cu; so a change there that they no longer compile with shows
+here, not on a device."""
 
 from pathlib import Path
 
@@ -23,6 +24,11 @@ def test_the_lab_gemvs_build_for_every_declared_gemv(source, defines):
         # the rope builds hold the most registers, and only they may
         assert rope and "spill" in e.log, e.log[-2000:]
         return
-    name = ("gemv_rope_" if rope else "gemv_") + LAB[source]
-    assert set(stats) == {name}
-    assert stats[name].spill_stores == 0
+    assert set(stats) == {("gemv_rope_" if rope else "gemv_") + LAB[source]}
+
+
+@pytest.mark.parametrize("defines", [d for d in declared_defines("attention") if d["ONE_SPLIT_HEADS"] == "1"],
+                         ids=lambda d: " ".join(f"{k}={v}" for k, v in d.items()))
+def test_the_folded_o_proj_builds_beside_attention(defines):
+    stats = compile_kernel(DEV / "attn_oproj.cu", defines, arch="sm_90").stats
+    assert set(stats) == {"attn_decode", "attn_oproj"}

@@ -1,0 +1,82 @@
+"""What o_proj folded into attention would give the small shapes: the step with each layer's attention and o_proj
+replaced by dev/attn_oproj.cu (a block per query head, its head's W_o columns applied in the block and added into
+x), against the step as it is.
+
+PYTHONPATH=. python3 dev/attn_oproj_ab.py [--rounds N] [shape ...]
+
+Depth 0 only: the fold takes the one-split path, up to the rows whose K and V take 128 KiB. The adds into x land
+in any order, so the logits are compared with a tolerance (max |difference| over max |logit|, after 1 and 3
+steps), not bit for bit. Then each graph is timed (64 replays, median of 4) in turn, round after round.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dev.gemv_tail_probe import defines_of, is_bf16_gemv, step_at
+from dev.gemv_tickets_ab import logits_after, time_in_turn
+from engine import bench as B
+from graphs.graph import capture
+from kernels.bandwidth import copy_bandwidth
+from kernels.launch import Launch, Module
+from kernels.tuning import AttnTuning
+
+FOLD = Path(__file__).resolve().parent / "attn_oproj.cu"
+TOLERANCE = 1e-3
+
+
+def folded(launches, cfg):
+    """The step's launches with attention + o_proj as one launch per layer, or None where a layer does not fit."""
+    by_name = {launch.name: i for i, launch in enumerate(launches)}
+    out, drop = list(launches), set()
+    smem = cfg.hidden_size * (cfg.head_dim // 8 + 1) * 16
+    for layer in range(cfg.num_layers):
+        a, o = by_name.get(f"layer{layer}.attn"), by_name.get(f"layer{layer}.o_proj")
+        if a is None or o is None or not is_bf16_gemv(launches[o]) or launches[o]._values[3].value:
+            return None  # no o_proj of its own, a block format, or a bias
+        attn, oproj = launches[a], launches[o]
+        mod = Module.load(FOLD, defines_of(attn.kernel.module))
+        kernel = mod.function("attn_oproj", attn.sig + "PPi")
+        args = [v.value if v.value is not None else 0 for v in attn._values]
+        args += [oproj._values[0].value, oproj._values[4].value, cfg.hidden_size]
+        out[a] = Launch(kernel, attn.grid, attn.block, args, smem=smem, pdl=attn.pdl, name=attn.name)
+        drop.add(o)
+    return [launch for i, launch in enumerate(out) if i not in drop]
+
+
+def main(argv):
+    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 2
+    shapes = [a for a in argv if not a.startswith("--") and not a.isdigit()] or ["smollm2-135m", "qwen2.5-0.5b"]
+    copy_gbs = copy_bandwidth(4 << 30, 10)
+    print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
+    failed = False
+    for name in shapes:
+        backend, launches = step_at(name, 0)
+        cfg, s = backend.cfg, backend.stream
+        if B.TG_TOKENS + B.WARMUP + 1 > AttnTuning().one_split_limit(cfg.head_dim):
+            print(f"{name}: the bench's rows pass the one-split limit; skipped")
+            continue
+        fold = folded(launches, cfg)
+        if fold is None:
+            print(f"{name}: a layer's o_proj cannot be folded (block format, bias or none); skipped")
+            continue
+        graphs = {"step": capture(s, launches), "folded": capture(s, fold)}
+        s.synchronize()
+        for k in (1, 3):
+            want = logits_after(backend, graphs["step"], 0, k).view(np.float32)
+            got = logits_after(backend, graphs["folded"], 0, k).view(np.float32)
+            err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+            ok = bool(np.isfinite(got).all()) and err < TOLERANCE
+            failed |= not ok
+            print(f"{name} logits after {k} step(s): max |difference| / max |logit| {err:.2e} "
+                  f"({'within' if ok else 'OUTSIDE'} {TOLERANCE:g})", flush=True)
+        time_in_turn(name, backend, graphs, 0, rounds, copy_gbs)
+        del backend, graphs
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
