@@ -14,6 +14,7 @@
 // defines: FORMAT=Q5_K K=4096 ITEMS=4 STAGE=0
 // defines: FORMAT=Q3_K K=256 ITEMS=2 STAGE=1
 // defines: FORMAT=Q5_0 K=96
+// defines: K=576 FORMAT=Q8_0
 #include "gemv_formats.cuh"
 
 // dequant_rows: chunks per thread (their loads all issued before the first store), and whether a

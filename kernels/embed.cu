@@ -2,6 +2,11 @@
 // budget: embed=32
 // defines: HIDDEN=4096
 // defines: HIDDEN=64
+// defines: HIDDEN=3584
+// defines: HIDDEN=1536
+// defines: HIDDEN=896
+// defines: HIDDEN=2048
+// defines: HIDDEN=576
 #include "common.cuh"
 
 static_assert(HIDDEN % 8 == 0, "hidden size must be a multiple of 8");

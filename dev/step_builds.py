@@ -1,14 +1,15 @@
-"""The GEMV builds that the decode step makes on an H200 (132 SMs), as `// defines:` lines for their kernel
-files, marked NEW where the file does not declare them yet. Needs no GPU.
+"""The kernel builds that the decode step makes on an H200 (132 SMs): its GEMVs, attention, sampler and
+embedding, as `// defines:` lines for their kernel files, marked NEW where the file does not declare them yet.
+Needs no GPU.
 
-PYTHONPATH=. python3 dev/gemv_builds.py [--sms N] [--quant FORMAT [--head FORMAT]] [shape ...]
+PYTHONPATH=. python3 dev/step_builds.py [--sms N] [--quant FORMAT [--head FORMAT]] [shape ...]
 
 Default: every bench shape in bf16, and the default model's shape as its GGUF stores it (Q4_1 layers, a Q8_0
 lm_head). --quant: the shapes with every matrix in FORMAT (as `gdecode bench --quant`), the lm_head in --head.
 CI compiles every declared build (tests/test_compiler.py: registers within budget, no stack, no spills), so the
-builds the step really runs belong among them. The launch builders of kernels/gemv_ops.py are called as
-graphs/decode.py calls them, each build compiled for sm_90 in place of loading it (a block format's fallback to
-fewer loads or rows where a build spills is taken as on a device).
+builds the step really runs belong among them. The launch builders of kernels/ are called as graphs/decode.py
+calls them, each build compiled for sm_90 in place of loading it (a block format's fallback to fewer loads or
+rows where a build spills is taken as on a device). The argument values are stand-ins: only the builds count.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import sys
 
 import numpy as np
 
+import kernels.attention as A
 import kernels.gemv_ops as G
+import kernels.ops as O
 from engine.shapes import SHAPES, shape
 from kernels.compiler import compile_kernel, declared_defines
 from kernels.quant_layout import fmt_of
@@ -48,9 +51,11 @@ class Recorder:
 
 
 def canonical(d: dict[str, str]) -> tuple:
-    d = {k: v for k, v in d.items() if DEFAULTS.get(k) != v}
-    if d.get("ROWS") == ("2" if d["EPILOGUE"] in ("EPI_SILU", "EPI_ROPE") else "1"):
-        del d["ROWS"]
+    """The defines without the GEMV kernels' defaults (the other kernels' lines name every define)."""
+    if "EPILOGUE" in d:
+        d = {k: v for k, v in d.items() if DEFAULTS.get(k) != v}
+        if d.get("ROWS") == ("2" if d["EPILOGUE"] in ("EPI_SILU", "EPI_ROPE") else "1"):
+            del d["ROWS"]
     return tuple(sorted(d.items()))
 
 
@@ -66,25 +71,32 @@ def step_builds(name: str, fmt: str | None = None, head: str | None = None) -> l
     one, amax = object(), object()
     h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
     rec = Recorder()
-    G.module = rec
+    G.module = A.module = O.module = rec
+    if fmt is None:
+        O.embed(None, None, None, cfg.vocab_size, h)
+    else:
+        G.embed_quant(matrix(head, cfg.vocab_size, h), None, None)
     w = matrix(fmt, q + 2 * kv, h)
     if cfg.qk_norm:
         G.gemv(w, None, None, cfg.q_size + 2 * cfg.kv_size, h, gamma=one, bias=one if cfg.attention_bias else None)
     else:
         G.gemv_rope(w, None, one, one if cfg.attention_bias else None, None, None, None, None, None, None,
                     nh=cfg.num_heads, nkv=cfg.num_kv_heads, hd=cfg.head_dim, k=h, max_ctx=2, eps=1e-5)
+    A.attn_decode(None, None, None, None, None, None, None, None, None, nh=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                  hd=cfg.head_dim, splits=1, max_ctx=2)
     G.gemv(matrix(fmt, h, q), None, None, h, q, bias=one if cfg.o_proj_bias else None, epi=G.EPI_ADD,
            whole=G.GemvTuning().o_whole)
     G.gemv(matrix(fmt, 2 * inter, h), None, None, inter, h, gamma=one, epi=G.EPI_SILU)
     G.gemv(matrix(fmt, h, inter), None, None, h, inter, epi=G.EPI_ADD)
     G.gemv(matrix(head, cfg.vocab_size, h), None, None, cfg.vocab_size, h, gamma=one, amax=amax, pair=True)
+    O.sample(None, None, None, None, None, None, None, None, None, vocab=cfg.vocab_size, max_ctx=2)
     return rec.builds
 
 
 def main(argv):
     opts = {a: argv[i + 1] for i, a in enumerate(argv) if a in ("--sms", "--quant", "--head")}
     sms = int(opts.get("--sms", 132))
-    G.sm_count = lambda: sms
+    G.sm_count = O.sm_count = lambda: sms
     names = [a for a in argv if not a.startswith("--") and a not in opts.values()] or list(SHAPES)
     if "--quant" in opts:
         runs = [(n, opts["--quant"], opts.get("--head", opts["--quant"])) for n in names]
