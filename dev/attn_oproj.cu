@@ -5,7 +5,7 @@
 // what the fold is worth, not a kernel the step could run (that one would leave the sum to gate_up's x staging).
 // The columns (hidden rows of HEAD_DIM bf16, padded by 16 bytes a row so that 8 lanes' 16-byte reads meet no
 // bank twice) are copied into shared memory before the PDL wait. Same defines as attention.cu, ONE_SPLIT_HEADS 1;
-// cached rows past one_split_rows are not handled (the script keeps to depth 0).
+// cached rows past one_split_rows are not handled (the script keeps to depth 0). Grid (GROUP, kv heads).
 #include "attention.cu"
 
 static_assert(ONE_SPLIT_HEADS == 1, "a block per query head");

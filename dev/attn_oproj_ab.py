@@ -42,7 +42,8 @@ def folded(launches, cfg):
         kernel = mod.function("attn_oproj", attn.sig + "PPi")
         args = [v.value if v.value is not None else 0 for v in attn._values]
         args += [oproj._values[0].value, oproj._values[4].value, cfg.hidden_size]
-        out[a] = Launch(kernel, attn.grid, attn.block, args, smem=smem, pdl=attn.pdl, name=attn.name)
+        grid = (cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads)  # a block per query head, no more
+        out[a] = Launch(kernel, grid, attn.block, args, smem=smem, pdl=attn.pdl, name=attn.name)
         drop.add(o)
     return [launch for i, launch in enumerate(out) if i not in drop]
 

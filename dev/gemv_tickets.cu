@@ -5,8 +5,10 @@
 // The agents that draw tickets: each warp where a unit is one warp's (SPLIT_K 1); each block where the warps of a
 // unit meet at a barrier (SPLIT_K > 1), a ticket then being the block's GROUPS units. Every agent stops at its first
 // ticket past the last unit, so a launch draws exactly `period` = units left + agents tickets, and the counter
-// starts every launch at a multiple of it: ticket t is unit t % period of this launch. Matrices of fewer than
-// TAIL + 1 passes (TAIL + 2 where blocks draw: their tickets are drawn a unit ahead) keep the stride.
+// starts every launch at a multiple of it: ticket t is unit t % period of this launch. Each draw is made two
+// passes ahead, so that its round trip hides behind a whole pass: a warp resolves it at the start of the pass
+// before the one it is for, a block's thread 0 leaves it in shared memory before that pass's barrier. Matrices of
+// fewer than TAIL + 2 full passes keep the stride.
 #define FORMAT Bf16
 #include "gemv_formats.cuh"
 
@@ -42,7 +44,7 @@ __device__ __forceinline__ void stream_rows_tickets(const unsigned char* __restr
     __shared__ float red[2][WARPS][ROWS + 1];
     __shared__ int drawn[2];  // BLOCK_DRAWS: the first unit of pass j + 2 in drawn[j & 1], written before j's barrier
     // passes 0 .. static_passes - 1 stride over the grid; the rest are drawn
-    const bool tail = n / stride >= TAIL + (BLOCK_DRAWS ? 2 : 1);
+    const bool tail = n / stride >= TAIL + 2;
     const int static_passes = tail ? n / stride - TAIL : 0x7fffffff;
     // base + grp is this group's unit: the block's first unit of the pass (a warp that draws keeps its own unit
     // minus grp)
@@ -65,18 +67,21 @@ __device__ __forceinline__ void stream_rows_tickets(const unsigned char* __restr
     if (!EARLY_BATCH) load_batch<false>(rp, first_live, 0, part, lane, a);
     const float x_rs = X_SMEM ? stage_x(xl.x4, xl.g4, eps, xs) : 1.0f;
     epi.begin();
-    unsigned long long pending = 0;  // the draw for the next pass (warps) or the one after (blocks, thread 0)
+    unsigned long long pending = 0;  // the draw for pass j + 2, made in pass j (warps: lane 0; blocks: thread 0)
     bool ahead = false;
+    int next_drawn = 0;  // warps: the unit of pass j + 1, drawn in pass j - 1 and resolved as pass j starts
 #pragma unroll 1
     for (int j = 0; base < n; ++j) {
         const int u = base + grp;
         if (!BLOCK_DRAWS && u >= n) break;
         const bool static_next = j + 1 < static_passes;
+        // pass j + 2 is drawn where it is not static and pass j + 1 holds work (the draw that found none was the
+        // agent's last)
         if (!BLOCK_DRAWS) {
-            if (!static_next && lane == 0) pending = atomicAdd(counter, 1ull);
+            if (!static_next) next_drawn = unit_of(__shfl_sync(0xffffffffu, pending, 0), n, stride, static_passes);
+            ahead = j + 2 >= static_passes && (static_next || next_drawn >= 0);
+            if (ahead && lane == 0) pending = atomicAdd(counter, 1ull);
         } else if (threadIdx.x == 0) {
-            // pass j + 2 is drawn where it is not static and pass j + 1 holds work (the draw that found none
-            // was the block's last)
             ahead = j + 2 >= static_passes && (static_next || drawn[(j + 1) & 1] >= 0);
             if (ahead) pending = atomicAdd(counter, 1ull);
         }
@@ -92,7 +97,7 @@ __device__ __forceinline__ void stream_rows_tickets(const unsigned char* __restr
                 if (static_next) {
                     next_base = base + stride;
                 } else {
-                    const int d = BLOCK_DRAWS ? drawn[(j + 1) & 1] : unit_of(__shfl_sync(0xffffffffu, pending, 0), n, stride, static_passes);
+                    const int d = BLOCK_DRAWS ? drawn[(j + 1) & 1] : next_drawn;
                     next_base = d < 0 ? n : d - (BLOCK_DRAWS ? 0 : grp);
                 }
             }
