@@ -5,7 +5,8 @@ Needs no GPU.
 PYTHONPATH=. python3 dev/step_builds.py [--sms N] [--quant FORMAT [--head FORMAT]] [shape ...]
 
 Default: every bench shape in bf16, and the default model's shape as its GGUF stores it (Q4_1 layers, a Q8_0
-lm_head). --quant: the shapes with every matrix in FORMAT (as `gdecode bench --quant`), the lm_head in --head.
+lm_head). --quant: the shapes with every matrix in FORMAT and the lm_head in --head (one format per matrix: the
+mixes of `gdecode bench --quant`'s presets, such as Q4_K_M's Q6_K rows, are not modelled).
 CI compiles every declared build (tests/test_compiler.py: registers within budget, no stack, no spills), so the
 builds the step really runs belong among them. The launch builders of kernels/ are called as graphs/decode.py
 calls them, each build compiled for sm_90 in place of loading it (a block format's fallback to fewer loads or
