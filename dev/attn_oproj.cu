@@ -1,12 +1,20 @@
 // dev/attn_oproj_ab.py: how much o_proj would give back folded into attention, for the small shapes. The one-split
 // path of kernels/attention.cu (a block per query head over every cached row), then the block multiplies its head's
-// output by that head's columns of W_o and adds the hidden_size results into x with red.add: no o_proj launch, no
-// phase between attention and gate_up. The adds land in any order, so the bits vary from run to run: this measures
-// what the fold is worth, not a kernel the step could run (that one would leave the sum to gate_up's x staging).
+// output by that head's columns of W_o: no o_proj launch, no phase between attention and gate_up. The hidden_size
+// results reach x in one of two ways:
+//   SUM_LAST 0: red.add into x. The adds land in any order, so the bits vary from run to run: this measures what
+//     the fold is worth, not a kernel the step could run.
+//   SUM_LAST 1: each block stores its results as its head's partial; the last block to count (an acquire-release
+//     add, as attention's merge) adds them to x in head order, the same bits every run, at the cost of that count
+//     and one block's pass over every partial.
 // The columns (hidden rows of HEAD_DIM bf16, padded by 16 bytes a row so that 8 lanes' 16-byte reads meet no
 // bank twice) are copied into shared memory before the PDL wait. Same defines as attention.cu, ONE_SPLIT_HEADS 1;
 // cached rows past one_split_rows are not handled (the script keeps to depth 0). Grid (GROUP, kv heads).
 #include "attention.cu"
+
+#ifndef SUM_LAST
+#define SUM_LAST 0
+#endif
 
 static_assert(ONE_SPLIT_HEADS == 1, "a block per query head");
 constexpr int W_ROW = HEAD_DIM / 8 + 1;  // uint4 per padded row of the head's W_o columns
@@ -16,12 +24,13 @@ __device__ __forceinline__ void copy16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
 
-// wo: [hidden, nh * HEAD_DIM] bf16 (o_proj); x: [hidden] f32, += W_o attn
+// wo: [hidden, nh * HEAD_DIM] bf16 (o_proj); x: [hidden] f32, += W_o attn; partials: [nh, hidden] f32 and
+// count: one word, zero between launches (SUM_LAST)
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
 attn_oproj(const float* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
            const DecodeState* __restrict__ st, float* pm, float* pl, float* pacc, float* __restrict__ out,
            unsigned* counters, int max_ctx, float scale2, int min_chunk, int one_split_rows,
-           const bf16* __restrict__ wo, float* __restrict__ x, int hidden)
+           const bf16* __restrict__ wo, float* __restrict__ x, int hidden, float* partials, unsigned* count)
 {
     const int split = blockIdx.x, kvh = blockIdx.y;
     if (split >= GROUP) return;
@@ -52,6 +61,25 @@ attn_oproj(const float* __restrict__ q, const bf16* __restrict__ k_cache, const 
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc = fmaf(wf[e], o[c * 8 + e], acc);
         }
-        atomicAdd(x + r, acc);
+        if (SUM_LAST)
+            partials[(size_t)head * hidden + r] = acc;
+        else
+            atomicAdd(x + r, acc);
     }
+    if (!SUM_LAST) return;
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned before;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(count) : "memory");
+        last = before == (unsigned)nh - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    for (int r = threadIdx.x; r < hidden; r += WARPS * 32) {
+        float v = x[r];
+        for (int h = 0; h < nh; ++h) v += __ldcg(partials + (size_t)h * hidden + r);
+        x[r] = v;
+    }
+    if (threadIdx.x == 0) *count = 0;
 }

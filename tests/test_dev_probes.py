@@ -27,8 +27,9 @@ def test_the_lab_gemvs_build_for_every_declared_gemv(source, defines):
     assert set(stats) == {("gemv_rope_" if rope else "gemv_") + LAB[source]}
 
 
+@pytest.mark.parametrize("sum_last", ["0", "1"])
 @pytest.mark.parametrize("defines", [d for d in declared_defines("attention") if d["ONE_SPLIT_HEADS"] == "1"],
                          ids=lambda d: " ".join(f"{k}={v}" for k, v in d.items()))
-def test_the_folded_o_proj_builds_beside_attention(defines):
-    stats = compile_kernel(DEV / "attn_oproj.cu", defines, arch="sm_90").stats
+def test_the_folded_o_proj_builds_beside_attention(defines, sum_last):
+    stats = compile_kernel(DEV / "attn_oproj.cu", {**defines, "SUM_LAST": sum_last}, arch="sm_90").stats
     assert set(stats) == {"attn_decode", "attn_oproj"}
