@@ -19,12 +19,12 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from dev.gemv_tail_probe import defines_of, is_bf16_gemv, step_at
+from dev.gemv_tail_probe import defines_of, is_bf16_gemv, relaunch, step_at
 from dev.gemv_tickets_ab import logits_after, time_in_turn
 from engine import bench as B
 from graphs.graph import capture
 from kernels.bandwidth import copy_bandwidth
-from kernels.launch import Launch, Module
+from kernels.launch import Module
 from kernels.tuning import AttnTuning
 
 FOLD = Path(__file__).resolve().parent / "attn_oproj.cu"
@@ -44,12 +44,10 @@ def folded(launches, cfg, sum_last: bool):
             return None  # no o_proj of its own, a block format, or a bias
         attn, oproj = launches[a], launches[o]
         mod = Module.load(FOLD, {**defines_of(attn.kernel.module), "SUM_LAST": int(sum_last)})
-        kernel = mod.function("attn_oproj", attn.sig + "PPiPP")
-        args = [v.value if v.value is not None else 0 for v in attn._values]
-        args += [oproj._values[0].value, oproj._values[4].value, cfg.hidden_size, partials,
+        extra = [oproj._values[0].value, oproj._values[4].value, cfg.hidden_size, partials,
                  int(counts.data.ptr) + 4 * layer]
         grid = (cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads)  # a block per query head, no more
-        launch = Launch(kernel, grid, attn.block, args, smem=smem, pdl=attn.pdl, name=attn.name)
+        launch = relaunch(attn, mod.function("attn_oproj", attn.sig + "PPiPP"), extra, grid=grid, smem=smem)
         launch.buffers = (partials, counts)  # kept alive with the launch
         out[a] = launch
         drop.add(o)
@@ -57,8 +55,9 @@ def folded(launches, cfg, sum_last: bool):
 
 
 def main(argv):
-    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 2
-    shapes = [a for a in argv if not a.startswith("--") and not a.isdigit()] or ["smollm2-135m", "qwen2.5-0.5b"]
+    opts = {a: argv[i + 1] for i, a in enumerate(argv) if a == "--rounds"}
+    rounds = int(opts.get("--rounds", 2))
+    shapes = [a for a in argv if not a.startswith("--") and a not in opts.values()] or ["smollm2-135m", "qwen2.5-0.5b"]
     copy_gbs = copy_bandwidth(4 << 30, 10)
     print(f"copy bandwidth {copy_gbs:,.0f} GB/s", flush=True)
     failed = False

@@ -53,6 +53,14 @@ def is_bf16_gemv(launch: Launch) -> bool:
     return Path(launch.kernel.module.compiled.source).name == "gemv.cu"
 
 
+def relaunch(launch: Launch, kernel, extra: list, *, grid=None, smem: int | None = None) -> Launch:
+    """`kernel` (a lab build taking the launch's arguments, then `extra`) in place of the step's launch: its
+    grid, block, shared memory, PDL and name unless given."""
+    args = [v.value if v.value is not None else 0 for v in launch._values] + list(extra)
+    return Launch(kernel, grid or launch.grid, launch.block, args, smem=launch.smem if smem is None else smem,
+                  pdl=launch.pdl, name=launch.name)
+
+
 def probed(launch: Launch, times) -> Launch | None:
     """The probe build of a bf16 GEMV launch, writing block times to `times`; None where it cannot be built."""
     rope = launch.kernel.name == "gemv_rope"
@@ -60,9 +68,7 @@ def probed(launch: Launch, times) -> Launch | None:
         mod = Module.load(PROBE, defines_of(launch.kernel.module))
     except KernelCompileError:
         return None
-    kernel = mod.function("gemv_rope_probe" if rope else "gemv_probe", launch.sig + "P")
-    args = [v.value if v.value is not None else 0 for v in launch._values] + [times]
-    return Launch(kernel, launch.grid, launch.block, args, smem=launch.smem, pdl=launch.pdl, name=launch.name)
+    return relaunch(launch, mod.function("gemv_rope_probe" if rope else "gemv_probe", launch.sig + "P"), [times])
 
 
 def main(argv):

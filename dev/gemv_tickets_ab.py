@@ -19,12 +19,13 @@ import cupy as cp
 import numpy as np
 
 from dev.decode_ab import replay_ms
-from dev.gemv_tail_probe import defines_of, is_bf16_gemv, step_at
+from dev.gemv_tail_probe import defines_of, is_bf16_gemv, relaunch, step_at
 from engine import bench as B
+from graphs.decode import Launches
 from graphs.graph import capture
 from kernels.bandwidth import copy_bandwidth
 from kernels.compiler import KernelCompileError
-from kernels.launch import Launch, Module
+from kernels.launch import Module
 
 TICKETS = Path(__file__).resolve().parent / "gemv_tickets.cu"
 
@@ -39,13 +40,12 @@ def swapped(launches, tail: int):
         try:
             mod = Module.load(TICKETS, {**defines_of(launch.kernel.module), "TAIL": tail})
         except KernelCompileError:
-            kept.add(launch.name.rsplit(".", 1)[-1])
+            kept.add(Launches.kind(launch.name))
             continue
         rope = launch.kernel.name == "gemv_rope"
-        kernel = mod.function("gemv_rope_tickets" if rope else "gemv_tickets", launch.sig + "P")
         counter = cp.zeros(1, cp.uint64)
-        args = [v.value if v.value is not None else 0 for v in launch._values] + [counter]
-        swap = Launch(kernel, launch.grid, launch.block, args, smem=launch.smem, pdl=launch.pdl, name=launch.name)
+        swap = relaunch(launch, mod.function("gemv_rope_tickets" if rope else "gemv_tickets", launch.sig + "P"),
+                        [counter])
         swap.counter = counter  # kept alive with the launch
         out[i] = swap
         n += 1
